@@ -1,0 +1,219 @@
+"""The backend protocol every decoder, drafter and session talks to.
+
+A backend is one loaded causal LM. Its KV cache lives in a ``BackendState``; the backend
+offers exactly five cache operations:
+
+- ``extend(state, tokens, parents=None)``: append new tokens and return their logits
+  ``float32[n, vocab]``, row ``i`` predicting the token after node ``i``.  With ``parents``
+  the new tokens form a *tree*: ``parents[i] == -1`` hangs node ``i`` under the last cached
+  token, otherwise under the earlier new node ``parents[i] < i``.  Every node sees the cached
+  prefix plus its own ancestors, at position ``len(prefix) + depth(i)``.  A tree extension
+  is *pending* until ``keep`` chooses one root-anchored path of it.
+- ``keep(state, path)``: after an extension, keep only nodes ``path`` (indices of the last
+  extension, a chain starting at a root node) and drop the rest: the cache is compacted so
+  the state is exactly as if prefix + path had been appended as a chain.
+- ``truncate(state, n)``: keep only the first ``n`` cached tokens (rollback).
+- ``fork(state)``: an independent state sharing the same prefix.
+- ``release(state)``: free what the state holds.
+
+``state.tokens`` always lists the committed cache content (a pending tree is not in it).
+A conformance suite (``tests/test_backend_conformance.py``) checks every backend against
+fresh full forwards.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from speclive.errors import ContextOverflowError
+from speclive.tokenizer import Tokenizer
+
+
+@dataclass
+class BackendState:
+    """Cache bookkeeping shared by all backends; backends subclass it for their handles."""
+
+    tokens: list[int] = field(default_factory=list)
+    #: nodes of the last tree extension waiting for ``keep`` (None when nothing is pending)
+    pending: list[int] | None = None
+    pending_parents: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class CostModel:
+    """Online estimate of how long one ``extend`` of ``k`` tokens takes, relative to ``k=1``.
+
+    Every backend records its own extension times here (an exponential moving average per
+    ``k``), so drafters read the *measured* verification-cost curve t(k)/t(1) of the machine
+    they run on; a prior curve fills the gaps until a length has been seen.
+    """
+
+    def __init__(self, prior: dict[int, float] | None = None, alpha: float = 0.2, max_k: int = 64):
+        self.max_k = max_k
+        self.alpha = alpha
+        self._prior = dict(prior or {1: 1.0, 2: 1.7, 4: 2.5, 8: 4.5, 16: 7.5, 32: 13.0, 64: 26.0})
+        self._seconds: dict[int, float] = {}
+
+    def observe(self, k: int, seconds: float) -> None:
+        if k < 1 or k > self.max_k:
+            return
+        old = self._seconds.get(k)
+        self._seconds[k] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+
+    def step_seconds(self) -> float | None:
+        """Measured seconds of one single-token step, if seen."""
+        return self._seconds.get(1)
+
+    def _prior_ratio(self, k: int) -> float:
+        keys = sorted(self._prior)
+        if k <= keys[0]:
+            return self._prior[keys[0]]
+        for lo, hi in zip(keys, keys[1:], strict=False):
+            if lo <= k <= hi:
+                w = (k - lo) / (hi - lo)
+                return (1 - w) * self._prior[lo] + w * self._prior[hi]
+        return self._prior[keys[-1]] * k / keys[-1]
+
+    def ratio(self, k: int) -> float:
+        """t(k)/t(1): measured where both are known, else the prior curve."""
+        t1 = self._seconds.get(1)
+        tk = self._seconds.get(k)
+        if t1 and tk:
+            return max(tk / t1, 1.0 if k >= 1 else 0.0)
+        return self._prior_ratio(k)
+
+    def curve(self, ks: Sequence[int]) -> dict[int, float]:
+        return {k: self.ratio(k) for k in ks}
+
+
+class Backend(ABC):
+    """One causal LM plus the operations on its KV cache (module docstring)."""
+
+    #: short backend kind, e.g. "hf" or "llamacpp"
+    kind: str = "base"
+    name: str
+    tokenizer: Tokenizer
+    vocab_size: int
+    n_ctx: int
+
+    def __init__(self) -> None:
+        self.cost = CostModel(self.default_cost_prior())
+        self.forward_calls = 0
+
+    # ---- protocol -------------------------------------------------------------------
+    @abstractmethod
+    def new_state(self) -> BackendState: ...
+
+    @abstractmethod
+    def _extend(self, state: BackendState, tokens: list[int], parents: list[int] | None) -> np.ndarray: ...
+
+    @abstractmethod
+    def _compact(self, state: BackendState, keep_idx: list[int]) -> None:
+        """Keep cache rows ``keep_idx`` (absolute, increasing) of the committed+pending cache."""
+
+    @abstractmethod
+    def _truncate(self, state: BackendState, n: int) -> None: ...
+
+    @abstractmethod
+    def fork(self, state: BackendState) -> BackendState: ...
+
+    def release(self, state: BackendState) -> None:
+        self.truncate(state, 0)
+
+    def default_cost_prior(self) -> dict[int, float] | None:
+        return None
+
+    # ---- shared checks around the backend-specific parts ----------------------------
+    def extend(
+        self, state: BackendState, tokens: Sequence[int], parents: Sequence[int] | None = None
+    ) -> np.ndarray:
+        if state.pending is not None:
+            raise RuntimeError("extend() called while a tree extension is pending: call keep() first")
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        if len(state.tokens) + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{len(state.tokens)} cached + {len(tokens)} new tokens exceed the context window "
+                f"of {self.n_ctx} tokens of model {self.name}"
+            )
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        chain = parents is None or _is_chain(parents)
+        plist = None if chain else [int(p) for p in parents]  # type: ignore[union-attr]
+        if plist is not None:
+            if len(plist) != len(tokens):
+                raise ValueError("parents must have one entry per token")
+            for i, p in enumerate(plist):
+                if not -1 <= p < i:
+                    raise ValueError(f"parents[{i}]={p}: a parent must be -1 or an earlier node")
+        t0 = time.perf_counter()
+        logits = self._extend(state, tokens, plist)
+        self.cost.observe(len(tokens), time.perf_counter() - t0)
+        self.forward_calls += 1
+        if chain:
+            state.tokens.extend(tokens)
+        else:
+            state.pending, state.pending_parents = tokens, plist
+        return logits
+
+    def keep(self, state: BackendState, path: Sequence[int]) -> None:
+        path = [int(i) for i in path]
+        if state.pending is None:
+            # after a chain extension keep(path) is a truncation to a prefix of it
+            raise RuntimeError("keep() needs a pending tree extension; use truncate() after a chain")
+        nodes, parents = state.pending, state.pending_parents
+        assert parents is not None
+        prev = -1
+        for i in path:
+            if not 0 <= i < len(nodes) or parents[i] != prev:
+                raise ValueError(f"path {path} is not a root-anchored chain of the pending tree")
+            prev = i
+        base = len(state.tokens)
+        if path != list(range(len(path))) or len(path) != len(nodes):
+            keep_idx = list(range(base)) + [base + i for i in path]
+            self._compact(state, keep_idx)
+        state.tokens.extend(nodes[i] for i in path)
+        state.pending = state.pending_parents = None
+
+    def truncate(self, state: BackendState, n: int) -> None:
+        if state.pending is not None:
+            self.keep(state, [])
+        n = max(0, min(n, len(state.tokens)))
+        if n < len(state.tokens):
+            self._truncate(state, n)
+            del state.tokens[n:]
+
+    def sync(self, state: BackendState, tokens: Sequence[int]) -> np.ndarray:
+        """Make the cache hold ``tokens`` with minimal work; return logits of the new tail.
+
+        Trims the cache to its common prefix with ``tokens`` and extends the rest. At least the
+        last token is re-evaluated so the caller always gets the logits after ``tokens``.
+        """
+        tokens = list(tokens)
+        if not tokens:
+            raise ValueError("sync() needs at least one token")
+        common = common_prefix_len(state.tokens, tokens)
+        common = min(common, len(tokens) - 1)
+        self.truncate(state, common)
+        return self.extend(state, tokens[common:])
+
+
+def _is_chain(parents: Sequence[int]) -> bool:
+    return all(int(p) == i - 1 for i, p in enumerate(parents))
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,539 @@
+"""``LlamaCppBackend``: a GGUF model run by llama.cpp through its low-level C bindings.
+
+The backend drives ``llama_cpp.llama_cpp`` directly (model/context creation, one preallocated
+``llama_batch``, ``llama_decode``, ``llama_memory_seq_*``) rather than the high-level ``Llama``
+generate API, so it can evaluate token *trees* and edit the KV cache in place.
+
+KV-cache layout (one llama.cpp context, unified KV buffer, flash attention off):
+
+- Every ``LlamaCppState`` owns a *home* sequence id ``h`` in ``[0, max_states)``; its committed
+  tokens are the cells tagged with ``h`` at positions ``0..len-1``.
+- A tree extension uses *branch* sequence ids private to the state
+  (``max_states + h * max_tree_branches + j``), one per leaf. Each branch first receives a copy
+  of the prefix (``seq_cp``, which only tags the existing cells, nothing is recomputed); every node
+  is tagged with the branches of all leaves below it, so one ``llama_decode`` evaluates all paths
+  and each node attends exactly to the prefix plus its ancestors.
+- ``keep(path)`` trims the branch holding the path's last node to the path, tags those cells with
+  the home id and drops every branch id; ``truncate`` removes home positions ``>= n``.
+- ``fork`` gives the new state another home id and tags the source's cells with it: the prefix
+  is shared, not copied.
+
+Several states can live at once (``max_states``, default 4). When ``new_state``/``fork`` needs a
+home and none is free, the least recently used state is *evicted*: its cache is cleared and any
+later use raises ``RuntimeError`` until it is reset with ``truncate(state, 0)`` or ``release``.
+With ``max_states=1`` every new state thus replaces the previous one (plain sequential use).
+States that are garbage collected give their home back automatically. All states share the
+KV cells of the context (``n_cells``, at least ``n_ctx``); running out raises
+``ContextOverflowError``. A backend is not thread-safe: use it from one thread at a time.
+
+Numerics: logits of a k-token batch differ from one-token steps by up to ~0.7 (quantized
+kernels depend on the batch shape), so llama.cpp is *close to*, not bit-identical with, a fresh
+evaluation; see ``/work/shared/ENGINES.md``. ``llama_reference_greedy`` runs llama-cpp-python's
+own ``Llama`` generation for comparisons and benchmarks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speclive.backends.base import Backend, BackendState
+from speclive.errors import BackendUnavailableError, ContextOverflowError
+from speclive.tokenizer import Tokenizer
+
+#: t(k)/t(1) of one llama.cpp decode over k tokens (Qwen 1.5B Q4_K_M, ENGINES.md)
+LLAMACPP_COST_PRIOR: dict[int, float] = {1: 1.0, 2: 1.58, 4: 2.25, 8: 5.59, 16: 7.01, 32: 12.66}
+
+_LOG_TAIL: deque[str] = deque(maxlen=40)
+_LOG_CALLBACK: Any = None  # the ctypes callback must stay alive as long as llama.cpp may call it
+_BACKEND_READY = False
+
+
+def _lib() -> Any:
+    """The low-level binding module, with logging silenced and the backend initialized once."""
+    global _LOG_CALLBACK, _BACKEND_READY
+    try:
+        import llama_cpp.llama_cpp as lib
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise BackendUnavailableError(
+            "the llama.cpp backend needs llama-cpp-python: pip install 'speclive[llamacpp]'"
+        ) from exc
+    if _LOG_CALLBACK is None:
+
+        def _on_log(level: int, text: bytes | None, user_data: Any) -> None:
+            # keep warnings/errors (and their continuation lines) for error messages, print nothing
+            if text and (level in (2, 3) or (level == 5 and _LOG_TAIL)):
+                _LOG_TAIL.append(text.decode("utf-8", "replace"))
+
+        _LOG_CALLBACK = lib.llama_log_callback(_on_log)
+        lib.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    if not _BACKEND_READY:
+        lib.llama_backend_init()
+        _BACKEND_READY = True
+    return lib
+
+
+def _log_tail() -> str:
+    text = "".join(_LOG_TAIL).strip()
+    return f" (llama.cpp log: {text[-600:]})" if text else ""
+
+
+@dataclass(eq=False)
+class LlamaCppState(BackendState):
+    """A ``BackendState`` whose cache lives in the llama.cpp sequences named here."""
+
+    #: home sequence id, -1 while the state holds none (new, released or evicted)
+    seq: int = -1
+    #: the cache was cleared to make room for another state; reset it before further use
+    evicted: bool = False
+    #: branch sequence ids of the pending tree, one per leaf
+    branch_seqs: list[int] = field(default_factory=list)
+    #: for each pending tree node, one branch sequence id that contains it
+    node_seq: list[int] = field(default_factory=list)
+    last_use: int = 0
+    #: id of the backend whose sequences these are (0: none yet)
+    owner: int = field(default=0, repr=False)
+    _finalizer: Any = field(default=None, repr=False)
+
+
+class LlamaCppBackend(Backend):
+    """A GGUF causal LM on llama.cpp implementing the ``Backend`` protocol (module docstring)."""
+
+    kind = "llamacpp"
+
+    def __init__(
+        self,
+        gguf_path: str | os.PathLike[str],
+        tokenizer: Tokenizer,
+        name: str | None = None,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        max_tree_branches: int = 16,
+        max_states: int = 4,
+    ) -> None:
+        lib = _lib()
+        self._lib = lib
+        self._model: Any = None
+        self._ctx: Any = None
+        self._batch: Any = None
+        path = Path(gguf_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF model file not found: {path}")
+        if max_tree_branches < 1 or max_states < 1:
+            raise ValueError("max_tree_branches and max_states must be >= 1")
+        n_seq = max_states * (1 + max_tree_branches)
+        if n_seq > lib.llama_max_parallel_sequences():
+            raise ValueError(
+                f"max_states * (1 + max_tree_branches) = {n_seq} sequences exceed llama.cpp's limit "
+                f"of {lib.llama_max_parallel_sequences()}"
+            )
+        self.gguf_path = path
+        self.tokenizer = tokenizer
+        self.name = name or path.stem
+        self.n_ctx = int(n_ctx)
+        self.n_threads = int(n_threads or os.cpu_count() or 1)
+        self.n_batch = max(1, min(int(n_batch), self.n_ctx))
+        self.max_tree_branches = int(max_tree_branches)
+        self.max_states = int(max_states)
+        self.n_seq_max = n_seq
+
+        mparams = lib.llama_model_default_params()
+        model = lib.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
+        if not model:
+            raise RuntimeError(f"llama.cpp could not load {path}{_log_tail()}")
+        self._model = model
+        vocab = lib.llama_model_get_vocab(model)
+        self.vocab_size = int(lib.llama_vocab_n_tokens(vocab))
+        #: tokenizer.vocab_size - model n_vocab (0 when they agree); logits are n_vocab wide
+        self.vocab_mismatch = int(tokenizer.vocab_size) - self.vocab_size
+        if self.vocab_mismatch > 0:
+            warnings.warn(
+                f"tokenizer has {tokenizer.vocab_size} tokens but {path.name} has {self.vocab_size}: "
+                "ids beyond the model's vocabulary are rejected",
+                stacklevel=2,
+            )
+
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = n_seq
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.flash_attn_type = 0  # with "auto" a kept tree branch drifts from a fresh evaluation
+        cparams.kv_unified = True  # tokens tagged with several sequences need one shared KV buffer
+        if hasattr(cparams, "n_outputs_max"):
+            # llama.cpp reserves its graph with up to one output per sequence: with fewer batch
+            # tokens than sequences the default (n_batch) trips an assertion
+            cparams.n_outputs_max = max(self.n_batch, n_seq)
+            cparams.n_outputs_max_per_seq = 0  # logits for every token, also within one sequence
+        ctx = lib.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not create a context for {path}{_log_tail()}")
+        self._ctx = ctx
+        #: KV cells of the context, shared by all states (llama.cpp pads n_ctx, e.g. to 256)
+        self.n_cells = int(lib.llama_n_ctx(ctx))
+        if self.n_cells < self.n_ctx:
+            raise RuntimeError(f"llama.cpp gave a context of {self.n_cells} < {self.n_ctx} cells")
+        self._mem = lib.llama_get_memory(ctx)
+
+        self._batch = lib.llama_batch_init(self.n_batch, 0, n_seq)
+        b = self._batch
+        self._b_token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._b_nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
+        self._b_out = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        self._b_out[:] = 1  # logits for every batch token, always
+        self._b_seq = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq,)) for i in range(self.n_batch)]
+        self._decode = lib.llama_decode
+        self._get_logits = lib.llama_get_logits
+
+        self._free_homes: list[int] = list(range(max_states))
+        self._owners: dict[int, weakref.ref[LlamaCppState]] = {}
+        self._dead_homes: list[int] = []  # homes of garbage-collected states, freed lazily
+        self._tick = 0
+        super().__init__()
+
+    # ---- lifetime -------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the batch, context and model (idempotent)."""
+        lib = getattr(self, "_lib", None)
+        if lib is None:
+            return
+        for ref in list(getattr(self, "_owners", {}).values()):
+            st = ref()
+            if st is not None:
+                if st._finalizer is not None:
+                    st._finalizer.detach()
+                st.seq, st.evicted = -1, bool(st.tokens)
+        if getattr(self, "_batch", None) is not None:
+            lib.llama_batch_free(self._batch)
+            self._batch = None
+            self._b_seq = []
+        if getattr(self, "_ctx", None):
+            lib.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            lib.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown may have torn down the bindings
+            pass
+
+    def __enter__(self) -> LlamaCppBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def default_cost_prior(self) -> dict[int, float] | None:
+        return dict(LLAMACPP_COST_PRIOR)
+
+    # ---- states ---------------------------------------------------------------------
+    def new_state(self) -> LlamaCppState:
+        """A fresh empty state; may evict the least recently used one (module docstring)."""
+        state = LlamaCppState()
+        self._acquire(state)
+        return state
+
+    def fork(self, state: BackendState) -> LlamaCppState:
+        st = self._check(state)
+        if st.pending is not None:
+            raise RuntimeError("fork() called while a tree extension is pending: call keep() first")
+        self._touch(st)
+        new = LlamaCppState(tokens=list(st.tokens))
+        self._acquire(new, protect=st)
+        if st.seq >= 0 and st.tokens:
+            self._lib.llama_memory_seq_cp(self._mem, st.seq, new.seq, -1, -1)
+        return new
+
+    def release(self, state: BackendState) -> None:
+        """Free the state's cache and its sequence id; the state may be reused (it is empty)."""
+        st = self._as_state(state)
+        if st.seq >= 0:
+            self._clear_seqs(st.seq)
+            self._free_home(st)
+        st.tokens.clear()
+        st.pending = st.pending_parents = None
+        st.branch_seqs, st.node_seq = [], []
+        st.evicted = False
+
+    def _as_state(self, state: BackendState) -> LlamaCppState:
+        if not isinstance(state, LlamaCppState):
+            raise TypeError(f"expected a LlamaCppState from this backend, got {type(state).__name__}")
+        if state.owner and state.owner != id(self):
+            raise RuntimeError("this state belongs to another backend")
+        return state
+
+    def _check(self, state: BackendState) -> LlamaCppState:
+        """The state, with a home sequence id (re-acquired after a release)."""
+        st = self._as_state(state)
+        if st.seq < 0:
+            if st.evicted:
+                raise RuntimeError(
+                    "this llama.cpp state was evicted to make room for a newer one (max_states="
+                    f"{self.max_states}); reset it with truncate(state, 0) or release(state)"
+                )
+            self._acquire(st)
+        return st
+
+    def _touch(self, st: LlamaCppState) -> None:
+        self._tick += 1
+        st.last_use = self._tick
+
+    def _branch_base(self, home: int) -> int:
+        return self.max_states + home * self.max_tree_branches
+
+    def _clear_seqs(self, home: int) -> None:
+        rm = self._lib.llama_memory_seq_rm
+        rm(self._mem, home, -1, -1)
+        base = self._branch_base(home)
+        for s in range(base, base + self.max_tree_branches):
+            rm(self._mem, s, -1, -1)
+
+    def _acquire(self, st: LlamaCppState, protect: LlamaCppState | None = None) -> None:
+        """Give ``st`` a free home sequence, evicting the least recently used other state."""
+        if self._ctx is None:
+            raise RuntimeError("this backend has been closed")
+        while self._dead_homes:
+            home = self._dead_homes.pop()
+            self._owners.pop(home, None)
+            self._clear_seqs(home)
+            self._free_homes.append(home)
+        if not self._free_homes:
+            victims = [(ref(), h) for h, ref in self._owners.items()]
+            live = [
+                (v.last_use, h, v) for v, h in victims if v is not None and v is not st and v is not protect
+            ]
+            if not live:
+                raise RuntimeError(
+                    f"no free llama.cpp sequence for another state (max_states={self.max_states})"
+                )
+            _, home, victim = min(live, key=lambda x: (x[0], x[1]))
+            self._clear_seqs(home)
+            self._free_home(victim)
+            victim.evicted = bool(victim.tokens) or victim.pending is not None
+        home = min(self._free_homes)
+        self._free_homes.remove(home)
+        self._clear_seqs(home)
+        st.seq = home
+        st.evicted = False
+        st.owner = id(self)
+        self._owners[home] = weakref.ref(st)
+        st._finalizer = weakref.finalize(st, self._dead_homes.append, home)
+        st._finalizer.atexit = False
+        self._touch(st)
+
+    def _free_home(self, st: LlamaCppState) -> None:
+        if st._finalizer is not None:
+            st._finalizer.detach()
+            st._finalizer = None
+        self._owners.pop(st.seq, None)
+        self._free_homes.append(st.seq)
+        st.seq = -1
+        st.branch_seqs, st.node_seq = [], []
+
+    # ---- the protocol ---------------------------------------------------------------
+    def _extend(self, state: BackendState, tokens: list[int], parents: list[int] | None) -> np.ndarray:
+        if type(state) is LlamaCppState and state.seq >= 0 and state.owner == id(self):
+            st = state
+        else:
+            st = self._check(state)
+        self._tick += 1
+        st.last_use = self._tick
+        base = len(st.tokens)
+        n = len(tokens)
+        if parents is None:
+            return self._run(tokens, np.arange(base, base + n, dtype=np.int32), None, st.seq, [st.seq])
+
+        # a tree: one branch sequence per leaf, every node tagged with the leaves below it
+        has_child = [False] * n
+        depth = [0] * n
+        for i, p in enumerate(parents):
+            if p >= 0:
+                has_child[p] = True
+                depth[i] = depth[p] + 1
+        leaves = [i for i in range(n) if not has_child[i]]
+        if len(leaves) > self.max_tree_branches:
+            raise ValueError(
+                f"the tree has {len(leaves)} leaves but this backend evaluates at most "
+                f"max_tree_branches={self.max_tree_branches} branches"
+            )
+        first = self._branch_base(st.seq)
+        tags: list[list[int]] = [[] for _ in range(n)]
+        for j, leaf in enumerate(leaves):
+            node = leaf
+            while node >= 0:
+                tags[node].append(first + j)
+                node = parents[node]
+        branches = list(range(first, first + len(leaves)))
+        lib, mem = self._lib, self._mem
+        for s in branches:
+            lib.llama_memory_seq_rm(mem, s, -1, -1)
+            if base:
+                lib.llama_memory_seq_cp(mem, st.seq, s, -1, -1)
+        pos = np.asarray(depth, dtype=np.int32) + base
+        try:
+            logits = self._run(tokens, pos, tags, st.seq, branches)
+        except BaseException:
+            for s in branches:
+                lib.llama_memory_seq_rm(mem, s, -1, -1)
+            raise
+        st.branch_seqs = branches
+        st.node_seq = [t[0] for t in tags]
+        return logits
+
+    def _run(
+        self,
+        tokens: list[int],
+        pos: np.ndarray,
+        tags: list[list[int]] | None,
+        home: int,
+        touched: list[int],
+    ) -> np.ndarray:
+        """Decode ``tokens`` (chunks of ``n_batch``) and return a copy of all their logits."""
+        n = len(tokens)
+        nb = self.n_batch
+        batch = self._batch
+        if batch is None:
+            raise RuntimeError("this backend has been closed")
+        out = np.empty((n, self.vocab_size), dtype=np.float32)
+        for a in range(0, n, nb):
+            k = min(nb, n - a)
+            self._b_token[:k] = tokens[a : a + k]
+            self._b_pos[:k] = pos[a : a + k]
+            seq_rows = self._b_seq
+            if tags is None:
+                self._b_nseq[:k] = 1
+                for i in range(k):
+                    seq_rows[i][0] = home
+            else:
+                for i in range(k):
+                    t = tags[a + i]
+                    self._b_nseq[i] = len(t)
+                    seq_rows[i][: len(t)] = t
+            batch.n_tokens = k
+            rc = self._decode(self._ctx, batch)
+            if rc != 0:
+                if a:  # earlier chunks are in the cache: take them out again
+                    p0 = int(pos.min())
+                    for s in touched:
+                        self._lib.llama_memory_seq_rm(self._mem, s, p0, -1)
+                if rc == 1:
+                    raise ContextOverflowError(
+                        f"llama.cpp found no free KV cells for {n} new tokens: the {self.n_ctx}-token "
+                        f"context of {self.name} is shared by all its states; release unused states "
+                        "or use a larger n_ctx"
+                    )
+                raise RuntimeError(f"llama_decode failed with code {rc}{_log_tail()}")
+            ptr = self._get_logits(self._ctx)
+            out[a : a + k] = np.ctypeslib.as_array(ptr, shape=(k, self.vocab_size))
+        return out
+
+    def _compact(self, state: BackendState, keep_idx: list[int]) -> None:
+        st = self._as_state(state)
+        base = len(st.tokens)
+        path_len = len(keep_idx) - base
+        if st.seq < 0:  # evicted while a tree was pending: only dropping the tree is possible
+            if path_len > 0:
+                self._check(st)  # raises the eviction error
+            st.branch_seqs, st.node_seq = [], []
+            return
+        lib, mem = self._lib, self._mem
+        if keep_idx[:base] != list(range(base)):
+            raise ValueError("_compact keeps the whole committed prefix plus one path")
+        if path_len > 0:
+            s = st.node_seq[keep_idx[-1] - base]
+            lib.llama_memory_seq_rm(mem, s, base + path_len, -1)  # nodes below the path's end
+            lib.llama_memory_seq_cp(mem, s, st.seq, base, -1)  # the path joins the home sequence
+        for s in st.branch_seqs:
+            lib.llama_memory_seq_rm(mem, s, -1, -1)
+        st.branch_seqs, st.node_seq = [], []
+
+    def _truncate(self, state: BackendState, n: int) -> None:
+        st = self._as_state(state)
+        if st.seq < 0:
+            if n == 0:  # resetting an evicted/released state is always allowed
+                st.evicted = False
+                return
+            self._check(st)  # raises for an evicted state
+        if not self._lib.llama_memory_seq_rm(self._mem, st.seq, n, -1):
+            raise RuntimeError(f"llama.cpp could not truncate the cache to {n} tokens{_log_tail()}")
+
+    def cache_len(self, state: BackendState) -> int:
+        """Tokens llama.cpp holds in the state's home sequence (for checks and debugging)."""
+        st = self._as_state(state)
+        if st.seq < 0:
+            return 0
+        return int(self._lib.llama_memory_seq_pos_max(self._mem, st.seq)) + 1
+
+
+class LlamaReference:
+    """llama-cpp-python's own ``Llama`` object, used as the peer generator in comparisons."""
+
+    def __init__(self, gguf_path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int | None = None):
+        _lib()
+        from llama_cpp import Llama
+
+        threads = int(n_threads or os.cpu_count() or 1)
+        self.llm = Llama(
+            model_path=str(gguf_path),
+            n_ctx=n_ctx,
+            n_threads=threads,
+            n_threads_batch=threads,
+            logits_all=False,
+            flash_attn=False,
+            verbose=False,
+        )
+
+    def greedy(
+        self, prompt_ids: Sequence[int], max_tokens: int, stop_ids: Collection[int] | None = None
+    ) -> list[int]:
+        """Greedy continuation of ``prompt_ids`` (a stop token, if met, is included and ends it)."""
+        llm = self.llm
+        llm.reset()  # no prefix reuse from an earlier call: every call starts from the prompt
+        out: list[int] = []
+        if max_tokens <= 0:
+            return out
+        stops = set(stop_ids or ())
+        gen = llm.generate(
+            [int(t) for t in prompt_ids], temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0
+        )
+        for tok in gen:
+            out.append(int(tok))
+            if len(out) >= max_tokens or tok in stops:
+                break
+        gen.close()
+        return out
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def llama_reference_greedy(
+    gguf_path: str | os.PathLike[str],
+    prompt_ids: Sequence[int],
+    max_tokens: int,
+    n_threads: int | None = None,
+    n_ctx: int = 4096,
+    stop_ids: Collection[int] | None = None,
+) -> list[int]:
+    """llama-cpp-python's own greedy generation (``Llama.generate`` with temp 0) of ``max_tokens``."""
+    ref = LlamaReference(gguf_path, n_ctx=n_ctx, n_threads=n_threads)
+    try:
+        return ref.greedy(prompt_ids, max_tokens, stop_ids)
+    finally:
+        ref.close()

@@ -1,0 +1,1 @@
+"""Benchmarks: prompt sets and measurement helpers."""

@@ -1,0 +1,141 @@
+"""The ``speclive`` command line: generate, models, bench, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from speclive.errors import SpecliveError
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    from speclive.loader import BACKENDS, DEFAULT_MODEL, DRAFTERS
+
+    p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
+    p.add_argument("--backend", default="llamacpp", help=f"one of: {', '.join(BACKENDS)}")
+    p.add_argument("--drafter", default="ngram", help=f"one of: {', '.join(DRAFTERS)} (none = plain greedy)")
+    p.add_argument("--draft-model", default=None, help="draft model for --drafter model|crossvocab")
+    p.add_argument("--max-draft", type=int, default=None, help="longest draft (adaptive below it)")
+    p.add_argument("--threshold", type=float, default=0.4, help="draft confidence cut-off (model drafters)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--n-ctx", type=int, default=None, help="context window in tokens")
+
+
+def _build_decoder(args: argparse.Namespace):
+    from speclive.acceptance import make_rule
+    from speclive.decoder import SpeculativeDecoder
+    from speclive.loader import load_backend, make_drafter
+
+    target = load_backend(args.model, args.backend, n_ctx=args.n_ctx, threads=args.threads)
+    drafter = make_drafter(
+        args.drafter, target, args.draft_model, max_len=args.max_draft, threshold=args.threshold
+    )
+    rule = make_rule(getattr(args, "accept", None), getattr(args, "temperature", 0.0))
+    return SpeculativeDecoder(target, drafter, rule)
+
+
+def _prompt_ids(dec, args: argparse.Namespace) -> list[int]:
+    if not args.prompt.strip():
+        raise SpecliveError("empty prompt: give the text to answer as the last argument")
+    tok = dec.target.tokenizer
+    if args.raw:
+        return tok.encode(args.prompt, add_special_tokens=True)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}
+    ]
+    return tok.chat(messages)
+
+
+def stats_line(stats, drafter_name: str) -> str:
+    return (
+        f"[{drafter_name}] {stats.new_tokens} tokens in {stats.total_s:.2f}s "
+        f"({stats.tokens_per_second:.1f} tok/s decode) | target forwards {stats.target_forwards} | "
+        f"tau {stats.mean_accepted:.2f} | accepted {stats.accepted}/{stats.drafted} drafted "
+        f"({100 * stats.acceptance_rate:.0f}%) | draft {stats.draft_s:.2f}s verify {stats.verify_s:.2f}s"
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from speclive.decoder import GenerationConfig
+
+    dec = _build_decoder(args)
+    ids = _prompt_ids(dec, args)
+    cfg = GenerationConfig(
+        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed, stop=tuple(args.stop or ())
+    )
+    if args.json:
+        res = dec.run(ids, cfg)
+        s = res.stats
+        print(
+            json.dumps(
+                {
+                    "text": res.text,
+                    "token_ids": res.token_ids,
+                    "stats": {
+                        "target_forwards": s.target_forwards,
+                        "mean_accepted": s.mean_accepted,
+                        "acceptance_rate": s.acceptance_rate,
+                        "tokens_per_second": s.tokens_per_second,
+                        **{
+                            k: v
+                            for k, v in s.to_dict().items()
+                            if k not in ("mean_accepted", "acceptance_rate")
+                        },
+                        "model": dec.target.name,
+                        "backend": dec.target.kind,
+                        "drafter": args.drafter,
+                    },
+                }
+            )
+        )
+        return 0
+    for ev in dec.generate(ids, cfg):
+        sys.stdout.write(ev.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    print(stats_line(dec.last_stats, args.drafter), file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="speclive", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="answer a prompt with speculative decoding")
+    _add_engine_args(g)
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--accept", default=None, help="acceptance rule: greedy | topk:K | biased:B | ratio:T | sample"
+    )
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--system", default=None, help="system message")
+    g.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    g.add_argument("prompt")
+    g.set_defaults(func=cmd_generate)
+
+    from speclive.models.cli import add_models_parser
+
+    add_models_parser(sub)
+
+    from speclive.bench.cli import add_bench_parser
+    from speclive.demo import add_demo_parser
+
+    add_bench_parser(sub)
+    add_demo_parser(sub)
+
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SpecliveError as e:
+        print(f"speclive: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

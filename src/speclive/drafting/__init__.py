@@ -1,0 +1,1 @@
+"""Drafters propose token trees for the target to verify (see ``base.Drafter``)."""

@@ -1,0 +1,132 @@
+"""Drafter protocol and the adaptive draft-length controller every drafter uses.
+
+A drafter proposes a ``DraftTree`` continuing the committed context; the decoder verifies it
+and reports back how much was accepted. Shape borrowed from transformers' candidate
+generators (``get_candidates`` / ``update_candidate_strategy``), reduced to what a tree
+verifier needs.
+
+``AdaptiveLength`` makes drafting pay on a compute-bound CPU: it keeps an estimate of the
+per-token acceptance rate α and reads the target's measured verification-cost curve
+t(k)/t(1) plus the drafter's own cost per drafted token, then picks the length k that
+maximises expected tokens per unit time,
+
+    E[tokens | k] = (1 - α^(k+1)) / (1 - α),   cost(k) = t(k+1)/t(1) + k·c_draft,
+
+and drafts nothing (k = 0, plain AR) when no k beats AR by a margin. While off it probes
+again with exponential back-off so a drafter that starts paying is switched back on.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from speclive.backends.base import Backend, CostModel
+from speclive.drafting.tree import DraftTree
+
+
+@dataclass
+class AdaptiveConfig:
+    #: longest draft (chain length) ever proposed
+    max_len: int = 16
+    #: initial guess of the per-token acceptance rate
+    prior_alpha: float = 0.6
+    #: weight of the newest observation in the acceptance estimate
+    ema: float = 0.15
+    #: drafting must beat AR by this factor in expectation, else it is switched off
+    min_gain: float = 1.03
+    #: steps without drafting before the first probe when off (doubles after each failed probe)
+    probe_after: int = 8
+    #: length of a probe draft
+    probe_len: int = 2
+    #: disable adaptation: always draft ``max_len``
+    fixed: bool = False
+
+
+class AdaptiveLength:
+    def __init__(self, config: AdaptiveConfig | None = None):
+        self.cfg = config or AdaptiveConfig()
+        self.alpha = self.cfg.prior_alpha
+        self.target_cost: CostModel | None = None
+        self.draft_ratio = 0.0  # cost of one drafted token in units of one target step
+        self._off_steps = 0
+        self._backoff = self.cfg.probe_after
+        self.off = False
+
+    def expected_speedup(self, k: int) -> float:
+        a = min(max(self.alpha, 0.0), 0.999)
+        tokens = (1 - a ** (k + 1)) / (1 - a)
+        ratio = self.target_cost.ratio(k + 1) if self.target_cost else 1.0 + 0.5 * k
+        return tokens / (ratio + k * self.draft_ratio)
+
+    def best_length(self) -> int:
+        if self.cfg.fixed:
+            return self.cfg.max_len
+        best_k, best = 0, 1.0
+        for k in range(1, self.cfg.max_len + 1):
+            s = self.expected_speedup(k)
+            if s > best:
+                best_k, best = k, s
+        return best_k if best >= self.cfg.min_gain else 0
+
+    def length(self) -> int:
+        """Draft length to use for the next step (0 = do not draft)."""
+        k = self.best_length()
+        if k > 0:
+            self.off = False
+            self._backoff = self.cfg.probe_after
+            return k
+        self.off = True
+        self._off_steps += 1
+        if self._off_steps >= self._backoff:
+            self._off_steps = 0
+            self._backoff = min(self._backoff * 2, 256)
+            return self.cfg.probe_len
+        return 0
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """Account one verification: ``accepted`` of the ``drafted`` chain tokens were kept.
+
+        A chain of k drafts with per-token acceptance α keeps a geometric number of tokens;
+        we fold every drafted position into the estimate: accepted ones as hits, the first
+        rejected one as a miss (later positions are not observations: they were never reached).
+        """
+        if drafted <= 0:
+            return
+        e = self.cfg.ema
+        for _ in range(accepted):
+            self.alpha = (1 - e) * self.alpha + e
+        if accepted < drafted:
+            self.alpha = (1 - e) * self.alpha
+
+
+class Drafter(ABC):
+    """Proposes draft trees; one instance serves one generation at a time."""
+
+    name = "drafter"
+    #: extra text for stats lines
+    detail = ""
+
+    def __init__(self, adaptive: AdaptiveConfig | None = None):
+        self.adaptive = AdaptiveLength(adaptive)
+        self.target: Backend | None = None
+
+    def bind(self, target: Backend) -> None:
+        """Called by the decoder before a generation: the target whose cost curve to read."""
+        self.target = target
+        self.adaptive.target_cost = target.cost
+
+    def begin(self, context: Sequence[int]) -> None:
+        """A new generation starts from ``context`` (reset per-request state)."""
+
+    @abstractmethod
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        """A tree continuing ``context`` (committed tokens) with at most ``budget`` nodes."""
+
+    def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
+        """Verification result: accepted node indices of ``tree`` (a root-anchored chain)."""
+        self.adaptive.update(tree.max_depth(), len(accepted_nodes))
+
+    def close(self) -> None:
+        """Free held resources (draft model states)."""

@@ -1,0 +1,86 @@
+"""Cross-vocabulary drafter: a draft model with another tokenizer drafts *text*.
+
+The committed context (target token ids) is rendered to text, re-tokenized for the draft
+model, drafted greedily, and the draft text re-tokenized for the target. The target still
+verifies every token, so output is unchanged; only acceptance depends on how well the two
+tokenizations line up. This lets SmolLM2-135M draft for Qwen, and Whisper tiny.en for base.
+
+Boundary handling: the draft text is tokenized together with the last few committed target
+tokens so that BPE merges across the boundary come out as the target would produce them, and
+the final target token of a draft is dropped (it may be a cut-off word).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from speclive.backends.base import Backend
+from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.drafting.model import draft_chain
+from speclive.drafting.tree import DraftTree
+from speclive.errors import ConfigError
+from speclive.tokenizer import Tokenizer
+
+
+def retokenize(target: Tokenizer, context_tail: Sequence[int], text: str) -> list[int]:
+    """Target token ids of ``text`` appended after ``context_tail``."""
+    tail = list(context_tail)
+    if tail:
+        tail_text = target.decode(tail, skip_special_tokens=False)
+        ids = target.encode(tail_text + text)
+        if ids[: len(tail)] == tail:
+            return ids[len(tail) :]
+    return target.encode(text)
+
+
+class CrossVocabDrafter(Drafter):
+    name = "crossvocab"
+
+    def __init__(
+        self,
+        draft: Backend,
+        max_len: int = 16,
+        threshold: float = 0.4,
+        tail_tokens: int = 4,
+        adaptive: AdaptiveConfig | None = None,
+    ):
+        if not 0.0 <= threshold < 1.0:
+            raise ConfigError(f"confidence threshold must be in [0, 1), got {threshold}")
+        super().__init__(adaptive or AdaptiveConfig(max_len=max_len, prior_alpha=0.6))
+        self.draft = draft
+        self.threshold = threshold
+        self.tail_tokens = tail_tokens
+        self.state = draft.new_state()
+        self.detail = f"draft={draft.name}"
+
+    def begin(self, context: Sequence[int]) -> None:
+        self.draft.truncate(self.state, 0)
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        assert self.target is not None, "bind() the drafter to a target first"
+        t_d, t_t = self.draft.cost.step_seconds(), self.target.cost.step_seconds()
+        if t_d and t_t:
+            # a draft token of the other vocabulary covers roughly one target token
+            self.adaptive.draft_ratio = t_d / t_t
+        k = min(budget, self.adaptive.length())
+        if k <= 0:
+            return DraftTree()
+        tt: Tokenizer = self.target.tokenizer
+        text = tt.decode(context, skip_special_tokens=False)
+        draft_ids = self.draft.tokenizer.encode(text)
+        if not draft_ids:
+            return DraftTree()
+        logits = self.draft.sync(self.state, draft_ids)[-1]
+        # draft one token more than needed: the last target token is dropped below
+        d = draft_chain(self.draft, self.state, logits, k + 1, self.threshold)
+        if not d.tokens:
+            return DraftTree()
+        draft_text = self.draft.tokenizer.decode(d.tokens, skip_special_tokens=False)
+        ids = retokenize(tt, context[-self.tail_tokens :], draft_text)
+        ids = ids[:-1] if len(ids) > 1 else ids
+        ids = list(itertools.takewhile(lambda t: 0 <= t < self.target.vocab_size, ids[:k]))
+        return DraftTree.chain(ids, source=self.name)
+
+    def close(self) -> None:
+        self.draft.release(self.state)

@@ -1,0 +1,121 @@
+"""Small-model drafter: a cheaper LM with the target's tokenizer drafts a chain.
+
+Keeps its own KV cache in sync with the committed context (trim to the common prefix, extend
+only what is new), so accepted draft tokens are never recomputed. SpecASR-style confidence
+truncation stops a draft as soon as the draft model's top probability falls below
+``threshold`` (default 0.4); the adaptive controller caps the length from the measured
+verification-cost curve and switches drafting off when it does not pay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from speclive.acceptance import softmax
+from speclive.backends.base import Backend, BackendState
+from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.drafting.tree import DraftTree
+from speclive.errors import ConfigError
+
+
+@dataclass
+class ChainDraft:
+    tokens: list[int]
+    probs: list[float]
+    dists: list[np.ndarray] | None
+
+
+def draft_chain(
+    backend: Backend,
+    state: BackendState,
+    logits: np.ndarray,
+    k: int,
+    threshold: float,
+    temperature: float = 0.0,
+    rng: np.random.Generator | None = None,
+) -> ChainDraft:
+    """Draft up to ``k`` tokens after ``logits`` (the draft's last-row logits)."""
+    out = ChainDraft([], [], [] if temperature > 0 else None)
+    row = logits
+    for i in range(k):
+        p = softmax(row, temperature if temperature > 0 else 1.0)
+        if temperature > 0:
+            tok = int((rng or np.random.default_rng()).choice(p.shape[0], p=p))
+        else:
+            tok = int(np.argmax(p))
+        conf = float(p.max())
+        if conf < threshold:
+            break
+        out.tokens.append(tok)
+        out.probs.append(float(p[tok]))
+        if out.dists is not None:
+            out.dists.append(p)
+        if i + 1 < k:
+            row = backend.extend(state, [tok])[-1]
+    return out
+
+
+class ModelDrafter(Drafter):
+    name = "model"
+
+    def __init__(
+        self,
+        draft: Backend,
+        max_len: int = 24,
+        threshold: float = 0.4,
+        fixed_len: int | None = None,
+        temperature: float = 0.0,
+        adaptive: AdaptiveConfig | None = None,
+    ):
+        if not 0.0 <= threshold < 1.0:
+            raise ConfigError(f"confidence threshold must be in [0, 1), got {threshold}")
+        if fixed_len is not None and fixed_len < 1:
+            raise ConfigError(f"fixed draft length must be >= 1, got {fixed_len}")
+        cfg = adaptive or AdaptiveConfig(max_len=max_len, prior_alpha=0.7)
+        if fixed_len is not None:
+            cfg = AdaptiveConfig(max_len=fixed_len, fixed=True)
+            threshold = 0.0
+        super().__init__(cfg)
+        self.draft = draft
+        self.threshold = threshold
+        self.temperature = temperature
+        self.rng = np.random.default_rng(0)
+        self.state = draft.new_state()
+        self.detail = f"draft={draft.name}"
+
+    def bind(self, target: Backend) -> None:
+        super().bind(target)
+        if (
+            self.draft.vocab_size > target.vocab_size + 1024
+            or self.draft.tokenizer.vocab_size != target.tokenizer.vocab_size
+        ):
+            # same tokenizer is the contract of this drafter; CrossVocabDrafter handles the rest
+            if self.draft.tokenizer.encode("Hello world") != target.tokenizer.encode("Hello world"):
+                raise ConfigError(
+                    f"draft model {self.draft.name} does not share the tokenizer of {target.name}; "
+                    "use the crossvocab drafter"
+                )
+
+    def _update_costs(self) -> None:
+        t_d = self.draft.cost.step_seconds()
+        t_t = self.target.cost.step_seconds() if self.target else None
+        if t_d and t_t:
+            self.adaptive.draft_ratio = t_d / t_t
+
+    def begin(self, context: Sequence[int]) -> None:
+        self.draft.truncate(self.state, 0)
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        self._update_costs()
+        k = min(budget, self.adaptive.length())
+        if k <= 0:
+            return DraftTree()
+        logits = self.draft.sync(self.state, context)[-1]
+        d = draft_chain(self.draft, self.state, logits, k, self.threshold, self.temperature, self.rng)
+        return DraftTree.chain(d.tokens, probs=d.probs, dists=d.dists, source=self.name)
+
+    def close(self) -> None:
+        self.draft.release(self.state)

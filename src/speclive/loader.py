@@ -1,0 +1,117 @@
+"""Build backends and drafters from names: the glue between the CLI and the engine.
+
+A model is named by a registry name (installed on first use from the offline bundle), a
+local ``.gguf`` file, a local HF folder or a hub id (``speclive.models.resolve``). Both
+backends use the HF tokenizer of the model, so token ids agree across backends.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from speclive.backends.base import Backend
+from speclive.drafting.base import Drafter
+from speclive.errors import BackendUnavailableError, ConfigError
+from speclive.models.resolve import ModelRef, resolve
+from speclive.tokenizer import Tokenizer
+
+BACKENDS = ("hf", "llamacpp")
+DRAFTERS = ("none", "ngram", "model", "crossvocab")
+
+#: same-tokenizer draft model used by ``--drafter model`` when none is named
+DEFAULT_DRAFT = {
+    "qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-0.5b-instruct",
+}
+#: other-tokenizer draft model used by ``--drafter crossvocab`` when none is named
+DEFAULT_CROSS_DRAFT = "smollm2-135m-instruct"
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+def _choice(kind: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"invalid {kind} {value!r}; allowed values: {', '.join(allowed)}")
+    return value
+
+
+def tokenizer_for(ref: ModelRef) -> Tokenizer:
+    from speclive.models.convert import tokenizer_dir_for_gguf
+
+    if ref.gguf is not None:
+        name = ref.name if ref.source == "registry" else None
+        return Tokenizer.from_pretrained(tokenizer_dir_for_gguf(ref.gguf, name))
+    return Tokenizer.from_pretrained(str(ref.path or ref.hub_id))
+
+
+@functools.lru_cache(maxsize=8)
+def load_backend(
+    model: str = DEFAULT_MODEL,
+    backend: str = "llamacpp",
+    n_ctx: int | None = None,
+    threads: int | None = None,
+    dtype: str = "float32",
+) -> Backend:
+    """Load ``model`` on ``backend`` (cached per process: backends are heavy)."""
+    _choice("backend", backend, BACKENDS)
+    ref = resolve(model)
+    if ref.kind not in (None, "llm-gguf"):
+        raise ConfigError(f"{model!r} is a {ref.kind} model, not a causal language model")
+    if backend == "llamacpp":
+        if ref.gguf is None:
+            raise ConfigError(
+                f"the llamacpp backend needs a GGUF file; {model!r} has none (use --backend hf)"
+            )
+        try:
+            from speclive.backends.llamacpp import LlamaCppBackend
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise BackendUnavailableError(
+                f"llama-cpp-python is not installed ({e}); `pip install llama-cpp-python==0.3.36` "
+                "or use --backend hf"
+            ) from e
+        return LlamaCppBackend(
+            ref.gguf, tokenizer_for(ref), name=ref.name, n_ctx=n_ctx or 4096, n_threads=threads
+        )
+    from speclive.backends.hf import HFBackend
+
+    if ref.gguf is not None:
+        from speclive.models.convert import hf_dir_for_gguf
+
+        path: str | Path = hf_dir_for_gguf(ref.gguf, ref.name if ref.source == "registry" else None)
+    else:
+        path = ref.path or ref.hub_id  # type: ignore[assignment]
+    return HFBackend.load(str(path), name=ref.name, dtype=dtype, n_ctx=n_ctx, threads=threads)
+
+
+def make_drafter(
+    name: str,
+    target: Backend,
+    draft_model: str | None = None,
+    backend: str | None = None,
+    max_len: int | None = None,
+    threshold: float = 0.4,
+) -> Drafter | None:
+    """A drafter by CLI name; ``none`` gives None (plain autoregressive decoding)."""
+    _choice("drafter", name, DRAFTERS)
+    if name == "none":
+        return None
+    if name == "ngram":
+        from speclive.drafting.base import AdaptiveConfig
+        from speclive.drafting.ngram import NgramDrafter
+
+        return NgramDrafter(adaptive=AdaptiveConfig(max_len=max_len or 16, prior_alpha=0.5))
+    backend = backend or target.kind
+    if name == "model":
+        from speclive.drafting.model import ModelDrafter
+
+        draft_name = draft_model or DEFAULT_DRAFT.get(target.name)
+        if draft_name is None:
+            raise ConfigError(
+                f"--drafter model needs --draft-model for target {target.name!r} "
+                f"(defaults exist for: {', '.join(DEFAULT_DRAFT)})"
+            )
+        draft = load_backend(draft_name, backend, n_ctx=target.n_ctx)
+        return ModelDrafter(draft, max_len=max_len or 24, threshold=threshold)
+    from speclive.drafting.crossvocab import CrossVocabDrafter
+
+    draft = load_backend(draft_model or DEFAULT_CROSS_DRAFT, backend, n_ctx=max(target.n_ctx, 2048))
+    return CrossVocabDrafter(draft, max_len=max_len or 16, threshold=threshold)

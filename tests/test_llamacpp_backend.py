@@ -1,0 +1,445 @@
+"""``LlamaCppBackend`` on the real SmolLM2-135M GGUF: every cache operation against fresh evaluations.
+
+llama.cpp's logits are not reproducible bit for bit across cache layouts: they depend on the
+batch shape (one-token steps vs. multi-token batches differ by up to ~0.9 on this quantized
+model) and even on where the tokens sit in the KV buffer (the same tokens evaluated at a cell
+offset that is not a multiple of 8 differ by up to ~1.5, mean ~0.13). Comparisons therefore use a
+tolerance on the max and the mean absolute difference plus argmax agreement wherever the top-2
+gap is clear. A wrong attention context (a node seeing its sibling) moves logits by ~6 (mean
+~0.6) and fails them; ``test_wrong_context_is_detected`` checks that.
+
+The model comes from the speclive registry when it is installed, else from the environment
+variables ``SPECLIVE_TEST_GGUF`` (a .gguf file) and ``SPECLIVE_TEST_TOKENIZER`` (its HF tokenizer
+folder); without either the module is skipped.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from speclive.backends.llamacpp import LlamaCppBackend, LlamaCppState, llama_reference_greedy  # noqa: E402
+from speclive.errors import ContextOverflowError  # noqa: E402
+from speclive.tokenizer import Tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.llamacpp
+
+REGISTRY_NAME = "smollm2-135m-instruct"
+N_CTX = 512
+THREADS = min(4, os.cpu_count() or 1)
+
+# tolerances for llama.cpp's batch-shape dependent numerics (see the module docstring)
+MAX_TOL = 2.5
+MEAN_TOL = 0.25
+CLEAR_GAP = 1.0
+
+
+def _model_paths() -> tuple[Path, Path | None, str | None]:
+    """(gguf, tokenizer folder or None, registry name or None) or skip."""
+    try:
+        from speclive.models.resolve import resolve
+
+        ref = resolve(REGISTRY_NAME, install_missing=False)
+        if ref.gguf is not None and ref.gguf.is_file():
+            tok_env = os.environ.get("SPECLIVE_TEST_TOKENIZER")
+            return ref.gguf, Path(tok_env) if tok_env else None, ref.name
+    except Exception:  # noqa: BLE001 - registry missing, not installed, or still being written
+        pass
+    gguf = os.environ.get("SPECLIVE_TEST_GGUF")
+    if gguf and Path(gguf).is_file():
+        tok_env = os.environ.get("SPECLIVE_TEST_TOKENIZER")
+        return Path(gguf), Path(tok_env) if tok_env else None, None
+    pytest.skip(f"no test model: install {REGISTRY_NAME!r} or set SPECLIVE_TEST_GGUF/SPECLIVE_TEST_TOKENIZER")
+
+
+@pytest.fixture(scope="module")
+def gguf_and_tok() -> tuple[Path, Tokenizer]:
+    gguf, tok_dir, name = _model_paths()
+    if tok_dir is None:
+        try:
+            from speclive.models.convert import tokenizer_dir_for_gguf
+
+            tok_dir = tokenizer_dir_for_gguf(gguf, name)
+        except Exception as exc:  # noqa: BLE001
+            pytest.skip(f"no tokenizer for {gguf}: {exc}")
+    return gguf, Tokenizer.from_pretrained(tok_dir)
+
+
+@pytest.fixture(scope="module")
+def gguf(gguf_and_tok: tuple[Path, Tokenizer]) -> Path:
+    return gguf_and_tok[0]
+
+
+@pytest.fixture(scope="module")
+def tok(gguf_and_tok: tuple[Path, Tokenizer]) -> Tokenizer:
+    return gguf_and_tok[1]
+
+
+@pytest.fixture(scope="module")
+def backend(gguf: Path, tok: Tokenizer) -> Iterator[LlamaCppBackend]:
+    be = LlamaCppBackend(gguf, tok, n_ctx=N_CTX, n_threads=THREADS, max_tree_branches=16)
+    yield be
+    be.close()
+
+
+@pytest.fixture(scope="module")
+def ref(gguf: Path, tok: Tokenizer) -> Iterator[LlamaCppBackend]:
+    """A second context whose cache is empty before every evaluation: the "fresh" reference.
+
+    llama.cpp's numerics depend on where tokens sit in the KV buffer, so fresh evaluations on a
+    context of their own keep the reference layout fixed (prefix at cell 0).
+    """
+    be = LlamaCppBackend(gguf, tok, n_ctx=N_CTX, n_threads=THREADS, max_states=1, max_tree_branches=1)
+    yield be
+    be.close()
+
+
+@pytest.fixture(scope="module")
+def prefix(tok: Tokenizer) -> list[int]:
+    return tok.chat([{"role": "user", "content": "Write a short poem about the sea."}])
+
+
+@pytest.fixture(scope="module")
+def cont(tok: Tokenizer) -> list[int]:
+    """Twelve ordinary continuation tokens."""
+    ids = tok.encode(" The waves roll in beneath a silver moon, and gulls cry over the quiet harbor.")
+    assert len(ids) >= 12
+    return ids[:12]
+
+
+def fresh(be: LlamaCppBackend, tokens: list[int]) -> np.ndarray:
+    """Logits of ``tokens`` evaluated in one batch on an empty state of ``be``."""
+    s = be.new_state()
+    try:
+        return be.extend(s, tokens)
+    finally:
+        be.release(s)
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, what: str = "") -> None:
+    assert got.shape == want.shape, what
+    assert got.dtype == np.float32
+    diff = np.abs(got.astype(np.float64) - want)
+    assert diff.max() <= MAX_TOL, f"{what}: max |diff| {diff.max():.3f} > {MAX_TOL}"
+    assert diff.mean() <= MEAN_TOL, f"{what}: mean |diff| {diff.mean():.3f} > {MEAN_TOL}"
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > CLEAR_GAP
+    same = got.argmax(-1) == want.argmax(-1)
+    assert same[clear].all(), f"{what}: argmax differs at rows {np.where(clear & ~same)[0]}"
+
+
+# ---- basics --------------------------------------------------------------------------------
+def test_basic_properties(backend: LlamaCppBackend, tok: Tokenizer) -> None:
+    assert backend.kind == "llamacpp"
+    assert backend.vocab_size == 49152
+    assert tok.vocab_size <= backend.vocab_size  # every tokenizer id is a model id
+    assert backend.n_ctx == N_CTX
+    assert backend.cost.ratio(4) == pytest.approx(2.25)
+    s = backend.new_state()
+    assert isinstance(s, LlamaCppState) and s.tokens == [] and backend.cache_len(s) == 0
+    assert backend.extend(s, []).shape == (0, backend.vocab_size)
+    backend.release(s)
+
+
+def test_chain_matches_fresh(
+    backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int]
+) -> None:
+    s = backend.new_state()
+    backend.extend(s, prefix)
+    got = backend.extend(s, cont)
+    assert got.shape == (12, backend.vocab_size)
+    assert s.tokens == prefix + cont and backend.cache_len(s) == len(prefix) + 12
+    want = fresh(ref, prefix + cont)[-12:]
+    assert_close(got, want, "chain after prefix")
+    # a returned array is a copy, not a view of llama.cpp's buffer that the next decode overwrites
+    snapshot = got.copy()
+    backend.extend(s, cont[:3])
+    np.testing.assert_array_equal(got, snapshot)
+    backend.release(s)
+
+
+def test_wrong_context_is_detected(
+    backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int]
+) -> None:
+    """The tolerance is tight enough to catch a token attending to the wrong context."""
+    right = fresh(ref, prefix + cont[:1] + cont[2:5])[-3:]
+    wrong = fresh(ref, prefix + cont[:5])[-3:]
+    with pytest.raises(AssertionError):
+        assert_close(wrong, right)
+
+
+def test_incremental_matches_batch(
+    backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int]
+) -> None:
+    s = backend.new_state()
+    backend.extend(s, prefix)
+    steps = np.concatenate([backend.extend(s, [t]) for t in cont])
+    assert s.tokens == prefix + cont and backend.cache_len(s) == len(s.tokens)
+    want = fresh(ref, prefix + cont)[-12:]
+    assert_close(steps, want, "one token at a time vs one batch")
+    backend.release(s)
+
+
+# ---- trees ---------------------------------------------------------------------------------
+# node 0 shared, then three branches: [0, 1, 2], [0, 3, 4, 5], [0, 6]
+TREE_PARENTS = [-1, 0, 1, 0, 3, 4, 0]
+TREE_PATHS = [[0, 1, 2], [0, 3, 4, 5], [0, 6]]
+
+
+def _tree_tokens(cont: list[int]) -> list[int]:
+    return [cont[0], cont[1], cont[2], cont[5], cont[6], cont[7], cont[9]]
+
+
+def test_tree_nodes_match_their_branch(
+    backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int]
+) -> None:
+    toks = _tree_tokens(cont)
+    s = backend.new_state()
+    backend.extend(s, prefix)
+    got = backend.extend(s, toks, TREE_PARENTS)
+    assert got.shape == (7, backend.vocab_size)
+    assert s.pending == toks and s.tokens == prefix  # a tree is pending until keep()
+    assert len(s.branch_seqs) == 3
+    for path in TREE_PATHS:
+        want = fresh(ref, prefix + [toks[i] for i in path])[-len(path) :]
+        assert_close(got[path], want, f"tree branch {path}")
+    backend.keep(s, [])
+    assert s.tokens == prefix and backend.cache_len(s) == len(prefix)
+    backend.release(s)
+
+
+def test_tree_too_many_leaves(backend: LlamaCppBackend, prefix: list[int]) -> None:
+    s = backend.new_state()
+    backend.extend(s, prefix)
+    n = backend.max_tree_branches + 1
+    with pytest.raises(ValueError, match="max_tree_branches"):
+        backend.extend(s, [100 + i for i in range(n)], [-1] * n)
+    assert s.pending is None and backend.cache_len(s) == len(prefix)
+    ok = backend.extend(s, [100 + i for i in range(n - 1)], [-1] * (n - 1))  # exactly the maximum
+    assert ok.shape[0] == n - 1
+    backend.keep(s, [3])
+    assert s.tokens == prefix + [103] and backend.cache_len(s) == len(prefix) + 1
+    backend.release(s)
+
+
+@pytest.mark.parametrize("path", [[0, 3, 4, 5], [0, 1, 2], [0, 6], [0, 3], [0], []])
+def test_keep_then_extend_matches_fresh(
+    backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int], path: list[int]
+) -> None:
+    toks = _tree_tokens(cont)
+    s = backend.new_state()
+    backend.extend(s, prefix)
+    backend.extend(s, toks, TREE_PARENTS)
+    backend.keep(s, path)
+    kept = prefix + [toks[i] for i in path]
+    assert s.tokens == kept and s.pending is None
+    assert backend.cache_len(s) == len(kept)
+    more = cont[9:12]
+    got = backend.extend(s, more)
+    assert_close(got, fresh(ref, kept + more)[-3:], f"keep({path}) then extend")
+    # the branch sequences are gone: a second tree on the same state works as well
+    backend.extend(s, toks, TREE_PARENTS)
+    backend.keep(s, [0, 6])
+    assert backend.cache_len(s) == len(kept) + 5
+    backend.release(s)
+
+
+# ---- truncate, fork, states ----------------------------------------------------------------
+def test_truncate_then_extend_matches_fresh(
+    backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int]
+) -> None:
+    s = backend.new_state()
+    backend.extend(s, prefix + cont)
+    backend.truncate(s, len(prefix) + 4)
+    assert backend.cache_len(s) == len(prefix) + 4
+    other = cont[8:12] + cont[:2]
+    got = backend.extend(s, other)
+    assert_close(got, fresh(ref, prefix + cont[:4] + other)[-6:], "truncate then extend")
+    backend.truncate(s, 0)
+    assert s.tokens == [] and backend.cache_len(s) == 0
+    assert_close(backend.extend(s, cont), fresh(ref, cont), "after truncate(0)")
+    backend.release(s)
+
+
+def test_truncate_drops_pending_tree(
+    backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int]
+) -> None:
+    s = backend.new_state()
+    backend.extend(s, prefix)
+    backend.extend(s, _tree_tokens(cont), TREE_PARENTS)
+    backend.truncate(s, len(prefix) - 2)
+    assert s.pending is None and backend.cache_len(s) == len(prefix) - 2
+    assert_close(backend.extend(s, cont[:3]), fresh(ref, prefix[:-2] + cont[:3])[-3:], "truncate+tree")
+    backend.release(s)
+
+
+def test_fork_shares_prefix_and_is_independent(
+    backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int]
+) -> None:
+    a = backend.new_state()
+    backend.extend(a, prefix)
+    b = backend.fork(a)
+    assert b.tokens == prefix and b.seq != a.seq and backend.cache_len(b) == len(prefix)
+    la = backend.extend(a, cont[:4])
+    lb = backend.extend(b, cont[6:9])
+    backend.extend(b, _tree_tokens(cont), TREE_PARENTS)  # a tree on b leaves a alone
+    backend.keep(b, [0, 6])
+    backend.truncate(a, len(prefix) + 2)
+    assert_close(la, fresh(ref, prefix + cont[:4])[-4:], "fork: source")
+    assert_close(lb, fresh(ref, prefix + cont[6:9])[-3:], "fork: copy")
+    got_b = backend.extend(b, cont[:2])
+    want_b = fresh(ref, prefix + cont[6:9] + [cont[0], cont[9]] + cont[:2])[-2:]
+    assert_close(got_b, want_b, "fork: copy after its tree")
+    assert_close(backend.extend(a, cont[2:4]), la[2:4], "fork: source after truncate")
+    backend.release(a)
+    backend.release(b)
+
+
+def test_eviction_and_sequential_states(gguf: Path, tok: Tokenizer, prefix: list[int]) -> None:
+    with LlamaCppBackend(gguf, tok, n_ctx=256, n_threads=THREADS, max_states=2, max_tree_branches=4) as be:
+        s1 = be.new_state()
+        be.extend(s1, prefix)
+        s2 = be.new_state()
+        be.extend(s2, prefix[:5])
+        be.extend(s1, [100])  # s1 is now the most recently used one
+        s3 = be.new_state()  # evicts s2
+        assert s2.evicted and s2.seq < 0 and not s1.evicted
+        with pytest.raises(RuntimeError, match="evicted"):
+            be.extend(s2, [1])
+        be.extend(s3, prefix)
+        assert be.cache_len(s1) == len(prefix) + 1 and be.cache_len(s3) == len(prefix)
+        be.truncate(s2, 0)  # a reset state is usable again (evicting the least recent, s1)
+        be.extend(s2, prefix[:3])
+        assert s1.evicted and be.cache_len(s2) == 3
+        # dropped states give their sequence back without release()
+        del s2, s3
+        gc.collect()
+        s4 = be.new_state()
+        s5 = be.new_state()
+        assert {s4.seq, s5.seq} == {0, 1} and not s4.evicted
+        assert be.cache_len(s4) == be.cache_len(s5) == 0
+        # a released state can be used again
+        be.extend(s4, prefix)
+        be.release(s4)
+        assert s4.tokens == [] and s4.seq < 0
+        be.extend(s4, prefix[:4])
+        assert be.cache_len(s4) == 4
+
+
+def test_single_state_backend(
+    gguf: Path, tok: Tokenizer, backend: LlamaCppBackend, prefix: list[int]
+) -> None:
+    """max_states=1: each new state replaces the previous one; fork has no room."""
+    with LlamaCppBackend(gguf, tok, n_ctx=256, n_threads=THREADS, max_states=1, max_tree_branches=2) as be:
+        s1 = be.new_state()
+        be.extend(s1, prefix[:4])
+        with pytest.raises(RuntimeError, match="max_states=1"):
+            be.fork(s1)
+        assert not s1.evicted and be.cache_len(s1) == 4
+        s2 = be.new_state()
+        assert s1.evicted and s2.seq == 0 and be.cache_len(s2) == 0
+        with pytest.raises(RuntimeError, match="another backend"):
+            backend.extend(s2, [1])
+        be.extend(s2, prefix[:2])
+        be.release(s1)  # releasing an evicted state leaves the current one alone
+        assert be.cache_len(s2) == 2
+
+
+def test_chunks_beyond_n_batch(
+    gguf: Path, tok: Tokenizer, ref: LlamaCppBackend, prefix: list[int], cont: list[int]
+) -> None:
+    """Extensions longer than n_batch are decoded in several calls, chains and trees alike."""
+    with LlamaCppBackend(gguf, tok, n_ctx=256, n_threads=THREADS, n_batch=5) as small:
+        s = small.new_state()
+        got = small.extend(s, prefix + cont)
+        assert_close(got, fresh(ref, prefix + cont), "chunked chain")
+        small.truncate(s, len(prefix))
+        toks = _tree_tokens(cont)
+        tree = small.extend(s, toks, TREE_PARENTS)  # 7 nodes: decoded as 5 + 2
+        for path in TREE_PATHS:
+            want = fresh(ref, prefix + [toks[i] for i in path])[-len(path) :]
+            assert_close(tree[path], want, f"chunked tree branch {path}")
+        small.keep(s, [0, 3, 4])
+        assert small.cache_len(s) == len(prefix) + 3
+        want = fresh(ref, s.tokens + cont[:2])[-2:]
+        assert_close(small.extend(s, cont[:2]), want, "chunked keep")
+
+
+# ---- greedy generation vs llama-cpp-python's own --------------------------------------------
+PROMPTS = [
+    "Write a short poem about the sea.",
+    "What is the capital of France?",
+    "Explain recursion to a child.",
+]
+
+
+@pytest.mark.parametrize("question", PROMPTS)
+def test_greedy_matches_llama_cpp_python(
+    backend: LlamaCppBackend, tok: Tokenizer, gguf: Path, question: str
+) -> None:
+    ids = tok.chat([{"role": "user", "content": question}])
+    s = backend.new_state()
+    logits = backend.extend(s, ids)[-1]
+    ours: list[int] = []
+    gaps: list[float] = []
+    for _ in range(32):
+        top2 = np.sort(logits)[-2:]
+        gaps.append(float(top2[1] - top2[0]))
+        ours.append(int(np.argmax(logits)))
+        logits = backend.extend(s, ours[-1:])[0]
+    backend.release(s)
+    theirs = llama_reference_greedy(gguf, ids, 32, n_threads=THREADS, n_ctx=N_CTX)
+    assert len(theirs) == 32
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        if a != b:
+            assert gaps[i] < 0.05, f"token {i}: {a} vs {b} with a clear top-2 gap {gaps[i]:.3f}"
+            break
+
+
+# ---- overflow ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small(gguf: Path, tok: Tokenizer) -> Iterator[LlamaCppBackend]:
+    """A short context (decoded in chunks of 64) for the overflow tests."""
+    be = LlamaCppBackend(gguf, tok, n_ctx=256, n_threads=THREADS, n_batch=64, max_tree_branches=4)
+    yield be
+    be.close()
+
+
+def test_context_overflow(small: LlamaCppBackend, prefix: list[int]) -> None:
+    n_ctx = small.n_ctx
+    s = small.new_state()
+    fill = (prefix * (n_ctx // len(prefix) + 1))[: n_ctx - 4]
+    small.extend(s, fill)
+    with pytest.raises(ContextOverflowError):
+        small.extend(s, prefix[:5])
+    with pytest.raises(ContextOverflowError):
+        small.extend(s, [1, 2, 3, 4, 5], [-1, 0, 0, 0, 0])
+    assert len(s.tokens) == n_ctx - 4 and small.cache_len(s) == n_ctx - 4 and s.pending is None
+    small.extend(s, prefix[:4])  # exactly full is fine
+    with pytest.raises(ContextOverflowError):
+        small.extend(s, [1])
+    small.release(s)
+
+
+def test_states_share_the_context_cells(small: LlamaCppBackend, prefix: list[int]) -> None:
+    """States that fit alone but not together: llama.cpp runs out of cells -> overflow error."""
+    n = small.n_cells // 2 + 20
+    assert n <= small.n_ctx
+    fill = (prefix * (n // len(prefix) + 1))[:n]
+    a = small.new_state()
+    b = small.new_state()
+    small.extend(a, fill)
+    with pytest.raises(ContextOverflowError, match="shared by all its states"):
+        small.extend(b, fill[::-1])  # fails in its second chunk: the first one is taken out again
+    assert b.tokens == [] and small.cache_len(b) == 0
+    assert small.cache_len(a) == n
+    small.release(a)
+    small.extend(b, fill[::-1])  # fits once a is gone
+    small.release(b)
