@@ -135,7 +135,7 @@ class SpeculativeDecoder:
         """Make the cache hold ``prompt[:-1]``, reusing whatever prefix it already holds."""
         keep = common_prefix_len(self.state.tokens, prompt[:-1])
         self.target.truncate(self.state, keep)
-        self.target.extend(self.state, prompt[keep:-1])
+        self.target.extend(self.state, prompt[keep:-1], last_only=True)
 
     def generate(
         self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
@@ -168,6 +168,7 @@ class SpeculativeDecoder:
         context = list(prompt)
         pending = prompt[-1]
         out: list[int] = []
+        self._out, self._text = out, ""
         text = full = ""
         hold = max((len(s) for s in cfg.stop), default=1) - 1
         if self.drafter is not None:
@@ -252,6 +253,11 @@ class SpeculativeDecoder:
             pending = new[-1]
         stats.total_s = time.perf_counter() - t_start
         self._out, self._text = out, full
+
+    @property
+    def last_token_ids(self) -> list[int]:
+        """Token ids committed by the last (or running) generation."""
+        return list(getattr(self, "_out", []))
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         """Generate to completion and return ids, text and stats."""

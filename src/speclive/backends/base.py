@@ -112,7 +112,10 @@ class Backend(ABC):
     def new_state(self) -> BackendState: ...
 
     @abstractmethod
-    def _extend(self, state: BackendState, tokens: list[int], parents: list[int] | None) -> np.ndarray: ...
+    def _extend(
+        self, state: BackendState, tokens: list[int], parents: list[int] | None, last_only: bool = False
+    ) -> np.ndarray:
+        """Evaluate new tokens (``parents`` None = chain); ``last_only``: chains only, last row."""
 
     @abstractmethod
     def _compact(self, state: BackendState, keep_idx: list[int]) -> None:
@@ -132,8 +135,17 @@ class Backend(ABC):
 
     # ---- shared checks around the backend-specific parts ----------------------------
     def extend(
-        self, state: BackendState, tokens: Sequence[int], parents: Sequence[int] | None = None
+        self,
+        state: BackendState,
+        tokens: Sequence[int],
+        parents: Sequence[int] | None = None,
+        last_only: bool = False,
     ) -> np.ndarray:
+        """Append ``tokens`` (a chain, or a tree via ``parents``) and return their logits.
+
+        ``last_only`` (chains only) returns just the last row, ``[1, vocab]``: a prefill needs
+        nothing else, and skipping the LM head over the prompt saves real time on big vocabularies.
+        """
         if state.pending is not None:
             raise RuntimeError("extend() called while a tree extension is pending: call keep() first")
         tokens = [int(t) for t in tokens]
@@ -156,8 +168,11 @@ class Backend(ABC):
                 if not -1 <= p < i:
                     raise ValueError(f"parents[{i}]={p}: a parent must be -1 or an earlier node")
         t0 = time.perf_counter()
-        logits = self._extend(state, tokens, plist)
-        self.cost.observe(len(tokens), time.perf_counter() - t0)
+        if last_only and plist is not None:
+            raise ValueError("last_only applies to chain extensions only")
+        logits = self._extend(state, tokens, plist, last_only)
+        if not last_only:  # the cost curve describes verification passes (all rows needed)
+            self.cost.observe(len(tokens), time.perf_counter() - t0)
         self.forward_calls += 1
         if chain:
             state.tokens.extend(tokens)
@@ -193,7 +208,7 @@ class Backend(ABC):
             del state.tokens[n:]
 
     def sync(self, state: BackendState, tokens: Sequence[int]) -> np.ndarray:
-        """Make the cache hold ``tokens`` with minimal work; return logits of the new tail.
+        """Make the cache hold ``tokens`` with minimal work; return the logits after the last one.
 
         Trims the cache to its common prefix with ``tokens`` and extends the rest. At least the
         last token is re-evaluated so the caller always gets the logits after ``tokens``.
@@ -204,7 +219,7 @@ class Backend(ABC):
         common = common_prefix_len(state.tokens, tokens)
         common = min(common, len(tokens) - 1)
         self.truncate(state, common)
-        return self.extend(state, tokens[common:])
+        return self.extend(state, tokens[common:], last_only=True)
 
 
 def _is_chain(parents: Sequence[int]) -> bool:

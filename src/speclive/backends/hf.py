@@ -83,7 +83,9 @@ class HFBackend(Backend):
 
         return HFState(cache=DynamicCache(config=self.model.config))
 
-    def _extend(self, state: BackendState, tokens: list[int], parents: list[int] | None) -> np.ndarray:
+    def _extend(
+        self, state: BackendState, tokens: list[int], parents: list[int] | None, last_only: bool = False
+    ) -> np.ndarray:
         torch = self.torch
         assert isinstance(state, HFState)
         past = len(state.tokens)
@@ -114,6 +116,7 @@ class HFBackend(Backend):
                 attention_mask=mask,
                 past_key_values=state.cache,
                 use_cache=True,
+                logits_to_keep=1 if last_only else 0,
             )
         state.cache = out.past_key_values
         return out.logits[0].float().cpu().numpy()

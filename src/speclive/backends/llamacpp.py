@@ -347,7 +347,9 @@ class LlamaCppBackend(Backend):
         st.branch_seqs, st.node_seq = [], []
 
     # ---- the protocol ---------------------------------------------------------------
-    def _extend(self, state: BackendState, tokens: list[int], parents: list[int] | None) -> np.ndarray:
+    def _extend(
+        self, state: BackendState, tokens: list[int], parents: list[int] | None, last_only: bool = False
+    ) -> np.ndarray:
         if type(state) is LlamaCppState and state.seq >= 0 and state.owner == id(self):
             st = state
         else:
@@ -357,7 +359,9 @@ class LlamaCppBackend(Backend):
         base = len(st.tokens)
         n = len(tokens)
         if parents is None:
-            return self._run(tokens, np.arange(base, base + n, dtype=np.int32), None, st.seq, [st.seq])
+            return self._run(
+                tokens, np.arange(base, base + n, dtype=np.int32), None, st.seq, [st.seq], last_only
+            )
 
         # a tree: one branch sequence per leaf, every node tagged with the leaves below it
         has_child = [False] * n
@@ -403,16 +407,24 @@ class LlamaCppBackend(Backend):
         tags: list[list[int]] | None,
         home: int,
         touched: list[int],
+        last_only: bool = False,
     ) -> np.ndarray:
-        """Decode ``tokens`` (chunks of ``n_batch``) and return a copy of all their logits."""
+        """Decode ``tokens`` (chunks of ``n_batch``) and return a copy of their logits.
+
+        With ``last_only`` llama.cpp computes (and we copy) only the last token's row.
+        """
         n = len(tokens)
         nb = self.n_batch
         batch = self._batch
         if batch is None:
             raise RuntimeError("this backend has been closed")
-        out = np.empty((n, self.vocab_size), dtype=np.float32)
+        out = np.empty((1 if last_only else n, self.vocab_size), dtype=np.float32)
         for a in range(0, n, nb):
             k = min(nb, n - a)
+            if last_only:
+                self._b_out[:k] = 0
+                if a + k == n:
+                    self._b_out[k - 1] = 1
             self._b_token[:k] = tokens[a : a + k]
             self._b_pos[:k] = pos[a : a + k]
             seq_rows = self._b_seq
@@ -439,6 +451,11 @@ class LlamaCppBackend(Backend):
                         "or use a larger n_ctx"
                     )
                 raise RuntimeError(f"llama_decode failed with code {rc}{_log_tail()}")
+            if last_only:
+                self._b_out[:k] = 1
+                if a + k == n:
+                    out[0] = np.ctypeslib.as_array(self._get_logits(self._ctx), shape=(1, self.vocab_size))[0]
+                continue
             ptr = self._get_logits(self._ctx)
             out[a : a + k] = np.ctypeslib.as_array(ptr, shape=(k, self.vocab_size))
         return out

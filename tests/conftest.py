@@ -1,0 +1,31 @@
+"""Shared fixtures: the real SmolLM2-135M model on both backends (installed on first use).
+
+Loading goes through ``speclive.loader.load_backend``, the same path as the CLI, so the
+offline bundle, the hash check and the GGUF -> safetensors conversion are exercised too.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+SMALL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def hf_smol():
+    from speclive.loader import load_backend
+
+    return load_backend(SMALL, "hf")
+
+
+@pytest.fixture(scope="session")
+def llama_smol():
+    pytest.importorskip("llama_cpp")
+    from speclive.loader import load_backend
+
+    return load_backend(SMALL, "llamacpp", n_ctx=2048)
+
+
+@pytest.fixture(params=["hf", "llamacpp"])
+def any_smol(request):
+    return request.getfixturevalue("hf_smol" if request.param == "hf" else "llama_smol")

@@ -1,0 +1,263 @@
+"""``speclive bench``: bound arithmetic, report writers, and small end-to-end runs on SmolLM2.
+
+The end-to-end tests run the real CLI entry points on SmolLM2-135M with llama.cpp (1 prompt per
+set, 16 tokens, methods ar + ngram + llama-cpp-python) and check that valid JSON, Markdown and
+PNG files with the expected keys are written. They are skipped when llama-cpp-python or the
+SmolLM2 registry model is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from speclive.bench import report
+from speclive.bench.cli import add_bench_parser
+from speclive.bench.peers import strip_eos
+from speclive.bench.suites import (
+    CostCurve,
+    alpha_bound,
+    alpha_hat,
+    first_divergence,
+    summarize,
+    trace_bound,
+    write_decode_outputs,
+)
+
+SMOL = "smollm2-135m-instruct"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="speclive")
+    add_bench_parser(p.add_subparsers(dest="command", required=True))
+    return p
+
+
+def _run_cli(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+def _need_smollm2() -> None:
+    pytest.importorskip("llama_cpp")
+    try:
+        from speclive.models.resolve import resolve
+
+        ref = resolve(SMOL, install_missing=False)
+    except Exception:  # noqa: BLE001 - not installed
+        pytest.skip(f"{SMOL} is not installed")
+    if ref.gguf is None or not ref.gguf.is_file():
+        pytest.skip(f"{SMOL} has no GGUF file")
+
+
+# ------------------------------------------------------------------------------------ pure parts
+def test_cost_curve_interpolates_and_extrapolates() -> None:
+    c = CostCurve({1: 1.0, 2: 1.5, 4: 2.5})
+    assert c(1) == 1.0
+    assert c(3) == pytest.approx(2.0)
+    assert c(6) == pytest.approx(3.5)  # slope of the last segment
+    assert c(0.5) == 1.0
+
+
+def test_bounds() -> None:
+    flat = CostCurve({1: 1.0, 64: 1.0})
+    s, k = alpha_bound(1.0, flat, 8)
+    assert (s, k) == (pytest.approx(9.0), 8)
+    s0, k0 = alpha_bound(0.0, CostCurve({1: 1.0, 2: 1.6}), 8)
+    assert (s0, k0) == (pytest.approx(1.0), 0)
+    linear = CostCurve({1: 1.0, 2: 2.0, 32: 32.0})
+    assert alpha_bound(0.9, linear, 16)[0] == pytest.approx(1.0)  # nothing beats AR at linear cost
+    # two steps drafting 3, accepting 3 and 1: 6 tokens for 2 * r(4)
+    assert trace_bound([[3, 3], [3, 1]], CostCurve({1: 1.0, 4: 2.0})) == pytest.approx(6 / 4)
+    assert trace_bound([], flat) is None
+    assert alpha_hat([[3, 3], [3, 1], [0, 0]]) == pytest.approx(4 / 5)
+    assert alpha_hat([[0, 0]]) is None
+
+
+def test_first_divergence_and_strip_eos() -> None:
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    assert strip_eos([5, 6, 2, 7], {2}, 10) == ([5, 6], "eos")
+    assert strip_eos([5, 6, 7], {2}, 2) == ([5, 6], "length")
+
+
+def _rec(method: str, pid: str, tokens: list[int], wall: float, **kw: object) -> dict:
+    r = {
+        "set": "s",
+        "prompt_id": pid,
+        "method": method,
+        "backend": "llamacpp",
+        "key": f"{method}@llamacpp",
+        "label": method,
+        "token_ids": tokens,
+        "new_tokens": len(tokens),
+        "wall_s": wall,
+        "decode_s": wall / 2,
+        "target_forwards": len(tokens),
+    }
+    r.update(kw)
+    return r
+
+
+def test_summarize_and_writers(tmp_path: Path) -> None:
+    records = [
+        _rec("ar", "p1", [1, 2, 3, 4], 2.0),
+        _rec("ar", "p2", [1, 2], 1.0),
+        _rec(
+            "ngram",
+            "p1",
+            [1, 2, 3, 4],
+            1.0,
+            target_forwards=2,
+            drafted=4,
+            accepted=2,
+            steps=[[2, 2], [2, 0]],
+            identical=True,
+        ),
+        _rec(
+            "ngram",
+            "p2",
+            [1, 3],
+            1.0,
+            drafted=0,
+            accepted=0,
+            steps=[[0, 0], [0, 0]],
+            identical=False,
+            first_divergence=1,
+            divergence={"verdict": "near-tie", "gap_top2": 0.1},
+        ),
+    ]
+    curves = {"llamacpp": {"model": "m", "prefix": 8, "ratios": {1: 1.0, 2: 1.5, 4: 2.0}, "rows": []}}
+    rows, ceilings = summarize(records, curves)
+    by = {r["method"]: r for r in rows}
+    assert by["ar"]["speedup"] == pytest.approx(1.0)
+    assert by["ngram"]["speedup"] == pytest.approx((6 / 2.0) / (6 / 3.0))
+    assert by["ngram"]["identical"] == 1 and by["ngram"]["near_tie"] == 1 and by["ngram"]["bugs"] == 0
+    assert by["ngram"]["acceptance_rate"] == pytest.approx(0.5)
+    assert by["ngram"]["bound_trace"] is not None and by["ngram"]["efficiency"] is not None
+    assert ceilings["llamacpp"]["k"] == 3
+    result = {
+        "header": {
+            "tag": "unit",
+            "target": "m",
+            "backends": ["llamacpp"],
+            "command": "speclive bench decode",
+        },
+        "summary": rows,
+        "ceilings": ceilings,
+        "divergences": [],
+        "bugs": [],
+        "cost_curves": curves,
+        "records": records,
+        "notes": [],
+    }
+    paths = write_decode_outputs(result, tmp_path, "unit")
+    assert json.loads(paths["json"].read_text())["summary"][0]["method"] == "ar"
+    md = paths["md"].read_text()
+    assert "## s" in md and "| ngram |" in md and "speclive bench decode" in md
+    assert paths["png"].read_bytes()[:8] == PNG_MAGIC
+
+
+def test_all_small_preset_parses() -> None:
+    args = _parser().parse_args(["bench", "all-small", "--out", "x"])
+    assert args.func.__name__ == "cmd_all_small"
+    args = _parser().parse_args(
+        ["bench", "decode", "--sets", "mtbench", "--methods", "ar,ngram", "--limit", "3"]
+    )
+    assert args.sets == ["mtbench"] and args.methods == ["ar", "ngram"] and args.limit == 3
+
+
+def test_machine_info() -> None:
+    info = report.machine_info()
+    assert info["cores"] and info["cpu"]
+    assert report.header_lines({"machine": info})[0].startswith("machine:")
+
+
+# ------------------------------------------------------------------------------------ end to end
+@pytest.mark.llamacpp
+def test_decode_bench_end_to_end(tmp_path: Path) -> None:
+    _need_smollm2()
+    argv = [
+        "bench",
+        "decode",
+        "--target",
+        SMOL,
+        "--backend",
+        "llamacpp",
+        "--sets",
+        "code-edit,mtbench",
+        "--limit",
+        "1",
+        "--max-tokens",
+        "16",
+        "--methods",
+        "ar,ngram,llama-cpp-python",
+        "--out",
+        str(tmp_path),
+        "--tag",
+        "t",
+        "--curve-ks",
+        "1,2,4",
+        "--curve-repeats",
+        "1",
+        "--no-progress",
+    ]
+    rc = _run_cli(argv)
+    data = json.loads((tmp_path / "decode-t.json").read_text())
+    assert rc == (1 if data["bugs"] else 0)
+    assert set(data) >= {"header", "summary", "records", "divergences", "bugs", "cost_curves", "ceilings"}
+    assert data["header"]["machine"]["cores"]
+    assert data["header"]["command"].startswith("speclive bench decode")
+    assert data["header"]["methods"] == ["ar@llamacpp", "ngram@llamacpp", "llama-cpp-python@llamacpp"]
+    rows = data["summary"]
+    assert {(r["set"], r["method"]) for r in rows} == {
+        (s, m) for s in ("code-edit", "mtbench") for m in ("ar", "ngram", "llama-cpp-python")
+    }
+    for r in rows:
+        assert r["errors"] == 0 and r["prompts"] == 1
+        assert r["new_tokens"] > 0 and r["e2e_tps"] > 0 and r["speedup"] > 0
+        if r["method"] != "ar":
+            assert r["compared"] == 1
+            assert r["identical"] + r["near_tie"] + r["bugs"] + r["unknown_divergences"] == 1
+    assert len(data["records"]) == 6
+    assert all(len(r["token_ids"]) <= 16 for r in data["records"])
+    assert data["cost_curves"]["llamacpp"]["ratios"]["1"] == pytest.approx(1.0)
+    md = (tmp_path / "decode-t.md").read_text()
+    assert "## code-edit" in md and "## mtbench" in md and "llama-cpp-python" in md
+    assert (tmp_path / "decode-t.png").read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.llamacpp
+def test_costcurve_writes_files(tmp_path: Path) -> None:
+    _need_smollm2()
+    rc = _run_cli(
+        [
+            "bench",
+            "costcurve",
+            "--model",
+            SMOL,
+            "--backend",
+            "llamacpp",
+            "--ks",
+            "1,2,4",
+            "--repeats",
+            "2",
+            "--prefix",
+            "64",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert rc == 0
+    stem = tmp_path / f"costcurve-{SMOL}-llamacpp"
+    data = json.loads(stem.with_suffix(".json").read_text())
+    assert [r["k"] for r in data["rows"]] == [1, 2, 4]
+    assert all(r["ms"] > 0 and len(r["samples_ms"]) == 2 for r in data["rows"])
+    assert data["rows"][0]["ratio"] == pytest.approx(1.0)
+    assert "t(k)/t(1)" in stem.with_suffix(".md").read_text()
+    assert stem.with_suffix(".png").read_bytes()[:8] == PNG_MAGIC

@@ -1,0 +1,160 @@
+"""Differential exactness: every lossless drafter reproduces plain greedy decoding of the target.
+
+Real SmolLM2-135M, 20 prompts (chat, code, translation). On the fp32 transformers backend the
+outputs must be token-identical. On llama.cpp, logits of a k-token batch differ from one-token
+steps (quantized kernels, ENGINES.md), so an output may flip where the reference's top-2 logit
+gap is tiny; the test accepts identity OR a first divergence at a gap below ``NEAR_TIE`` and
+counts such flips. A wrong tree mask, position or rollback diverges at a clear margin and fails.
+
+Besides the product's drafters, ``NoisyTreeDrafter`` proposes deliberately messy trees (the
+reference continuation mixed with wrong siblings and wrong deeper nodes) so that deep tree
+paths, sibling branches and partial acceptance are exercised on the real model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from prompts import ALL
+
+from speclive.decoder import GenerationConfig, SpeculativeDecoder
+from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.drafting.crossvocab import CrossVocabDrafter
+from speclive.drafting.model import ModelDrafter
+from speclive.drafting.ngram import NgramDrafter
+from speclive.drafting.tree import DraftTree
+
+MAX_TOKENS = 24
+#: llama.cpp: the largest reference top-2 logit gap at which a flip is blamed on numerics
+NEAR_TIE = 0.5
+
+
+def greedy_reference(backend, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """Plain one-token-at-a-time greedy decoding, with the top-2 logit gap of every step."""
+    s = backend.new_state()
+    row = backend.extend(s, prompt)[-1]
+    out, gaps = [], []
+    for _ in range(n):
+        top = np.sort(row)[-2:]
+        tok = int(np.argmax(row))
+        gaps.append(float(top[1] - top[0]))
+        if tok in backend.tokenizer.eos_ids:
+            break
+        out.append(tok)
+        row = backend.extend(s, [tok])[-1]
+    backend.release(s)
+    return out, gaps
+
+
+class NoisyTreeDrafter(Drafter):
+    """Test drafter: trees around a known continuation, with wrong siblings and wrong tails."""
+
+    name = "noisy-tree"
+
+    def __init__(self, continuation: Sequence[int], vocab: int, seed: int = 0):
+        super().__init__(AdaptiveConfig(fixed=True))
+        self.ref = list(continuation)
+        self.vocab = vocab
+        self.rng = np.random.default_rng(seed)
+        self.start = 0
+
+    def begin(self, context):
+        self.start = len(context)
+
+    def propose(self, context, budget):
+        done = len(context) - self.start
+        truth = self.ref[done : done + 6]
+        tree = DraftTree()
+        parent = -1
+        for depth, tok in enumerate(truth):
+            if len(tree) + 3 > budget:
+                break
+            r = self.rng.random()
+            wrong = int(self.rng.integers(0, self.vocab))
+            if r < 0.3:  # a wrong sibling first, then the right token
+                tree.add(wrong, parent)
+                parent = tree.add(tok, parent)
+            elif r < 0.45 and depth > 0:  # the right token is missing: the walk must stop here
+                tree.add(wrong, parent)
+                break
+            else:
+                node = tree.add(tok, parent)
+                if self.rng.random() < 0.3:
+                    tree.add(wrong, node)  # a dead-end child under a correct node
+                parent = node
+        return tree
+
+
+def _drafters(backend, continuation):
+    return {
+        "ngram": NgramDrafter(),
+        "model-adaptive": ModelDrafter(backend, threshold=0.4),
+        "model-fixed4": ModelDrafter(backend, fixed_len=4),
+        "crossvocab": CrossVocabDrafter(backend),
+        "noisy-tree": NoisyTreeDrafter(continuation, backend.vocab_size),
+    }
+
+
+def _run_all(backend):
+    results = []
+    for text in ALL:
+        prompt = backend.tokenizer.chat([{"role": "user", "content": text}])
+        ref, gaps = greedy_reference(backend, prompt, MAX_TOKENS)
+        ar = SpeculativeDecoder(backend).run(prompt, GenerationConfig(max_tokens=MAX_TOKENS))
+        results.append(("ar-loop", text, ref, gaps, ar.token_ids, ar.stats))
+        for name, drafter in _drafters(backend, ref).items():
+            dec = SpeculativeDecoder(backend, drafter)
+            res = dec.run(prompt, GenerationConfig(max_tokens=MAX_TOKENS))
+            dec.close()
+            results.append((name, text, ref, gaps, res.token_ids, res.stats))
+    return results
+
+
+def test_prompt_set_is_large_enough():
+    assert len(ALL) >= 20
+
+
+def test_hf_fp32_lossless_drafters_are_token_identical(hf_smol):
+    mismatches = []
+    accepted = {}
+    for name, text, ref, _gaps, out, stats in _run_all(hf_smol):
+        if out != ref:
+            mismatches.append((name, text, ref, out))
+        accepted[name] = accepted.get(name, 0) + stats.accepted
+    assert not mismatches, mismatches[:3]
+    # the drafters really drafted (an identity test on drafters that never draft proves nothing)
+    for name in ("ngram", "model-adaptive", "model-fixed4", "crossvocab", "noisy-tree"):
+        assert accepted[name] > 0, (name, accepted)
+
+
+def test_llamacpp_lossless_up_to_near_ties(llama_smol):
+    flips, bugs, accepted = [], [], {}
+    for name, text, ref, gaps, out, stats in _run_all(llama_smol):
+        accepted[name] = accepted.get(name, 0) + stats.accepted
+        if out == ref:
+            continue
+        j = next(
+            (i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b), min(len(out), len(ref))
+        )
+        gap = gaps[j] if j < len(gaps) else 0.0
+        (flips if gap < NEAR_TIE else bugs).append((name, text, j, gap))
+    assert not bugs, bugs
+    # SmolLM2 Q4_1 has many near-ties and k-token batches move logits by up to ~0.8 here, so
+    # about a third of 24-token runs flip somewhere; a wrong mask/position/rollback would break
+    # nearly all of them (and at clear margins, caught above)
+    total = len(ALL) * 6
+    print(f"llama.cpp near-tie flips: {len(flips)}/{total} runs")
+    assert len(flips) <= total // 2, flips
+    for name in ("ngram", "model-adaptive", "crossvocab", "noisy-tree"):
+        assert accepted[name] > 0, (name, accepted)
+
+
+@pytest.mark.parametrize("temperature", [0.7])
+def test_sampling_with_drafter_runs_and_is_seeded(hf_smol, temperature):
+    prompt = hf_smol.tokenizer.chat([{"role": "user", "content": "Write a haiku about the sea."}])
+    cfg = GenerationConfig(max_tokens=16, temperature=temperature, seed=3)
+    a = SpeculativeDecoder(hf_smol, NgramDrafter()).run(prompt, cfg)
+    b = SpeculativeDecoder(hf_smol, NgramDrafter()).run(prompt, cfg)
+    assert a.token_ids == b.token_ids and 0 < len(a.token_ids) <= 16
