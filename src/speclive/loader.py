@@ -98,7 +98,7 @@ def make_drafter(
         from speclive.drafting.base import AdaptiveConfig
         from speclive.drafting.ngram import NgramDrafter
 
-        return NgramDrafter(adaptive=AdaptiveConfig(max_len=max_len or 16, prior_alpha=0.5))
+        return NgramDrafter(adaptive=AdaptiveConfig(max_len=max_len or 16))
     backend = backend or target.kind
     if name == "model":
         from speclive.drafting.model import ModelDrafter

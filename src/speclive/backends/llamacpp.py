@@ -120,6 +120,7 @@ class LlamaCppBackend(Backend):
         n_batch: int = 512,
         max_tree_branches: int = 16,
         max_states: int = 4,
+        repack: bool = True,
     ) -> None:
         lib = _lib()
         self._lib = lib
@@ -148,6 +149,8 @@ class LlamaCppBackend(Backend):
         self.n_seq_max = n_seq
 
         mparams = lib.llama_model_default_params()
+        # repacked (interleaved) weight layouts: llama.cpp's fast CPU kernels for quantized matmuls
+        mparams.use_extra_bufts = bool(repack)
         model = lib.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
         if not model:
             raise RuntimeError(f"llama.cpp could not load {path}{_log_tail()}")
