@@ -152,6 +152,7 @@ def test_required_names_hub_ids_and_bundle() -> None:
     assert set(default_bundle()) == {
         "smollm2-135m-instruct",
         "qwen2.5-coder-0.5b-instruct",
+        "piper-joe-medium",
         "mt-bench",
         "humaneval",
     }

@@ -63,6 +63,7 @@ class AcceptanceRule(ABC):
         probs: Sequence[float] | None = None,
         dists: Sequence[np.ndarray | None] | None = None,
         rng: np.random.Generator | None = None,
+        sources: Sequence[str | None] | None = None,
     ) -> Verdict: ...
 
 
@@ -77,10 +78,12 @@ class WalkRule(AcceptanceRule):
         probs: Sequence[float] | None = None,
         dists: Sequence[np.ndarray | None] | None = None,
         rng: np.random.Generator | None = None,
+        sources: Sequence[str | None] | None = None,
     ) -> Verdict:
         kids = _children(parents)
         path = [0]
         cur = 0
+        self._sources = sources
         while True:
             nxt = self.choose(cur, kids[cur], tokens, logits, probs)
             if nxt < 0:
@@ -156,6 +159,44 @@ class BiasedRule(WalkRule):
         return best
 
 
+class ForcedRule(WalkRule):
+    """Accept every draft child unconditionally (a decision made elsewhere, e.g. PredGen's
+    self-reflection verifier judged the whole sentence consistent with the prompt)."""
+
+    name = "forced"
+
+    def choose(self, cur, kids, tokens, logits, probs):
+        return kids[0] if kids else -1
+
+
+class SourceRule(WalkRule):
+    """Judge each draft node by the rule of the drafter that proposed it.
+
+    SSBD biases verification towards the *previous output* only: nodes tagged ``history`` go
+    through ``BiasedRule(β)`` while nodes from any other drafter (e.g. an n-gram continuation)
+    stay under the lossless greedy rule. Children are tried in order; the first accepted wins.
+    """
+
+    name = "by-source"
+
+    def __init__(self, rules: dict[str, WalkRule], default: WalkRule | None = None):
+        self.rules = dict(rules)
+        self.default = default or GreedyRule()
+        self._sources: Sequence[str | None] | None = None
+
+    @property
+    def lossless(self) -> bool:  # type: ignore[override]
+        return self.default.lossless and all(r.lossless for r in self.rules.values())
+
+    def choose(self, cur, kids, tokens, logits, probs):
+        srcs = self._sources
+        for c in kids:
+            rule = self.rules.get(srcs[c] or "", self.default) if srcs else self.default
+            if rule.choose(cur, [c], tokens, logits, probs) == c:
+                return c
+        return -1
+
+
 class RatioRule(WalkRule):
     name = "ratio"
 
@@ -196,7 +237,7 @@ class SpeculativeSamplingRule(AcceptanceRule):
             p = keep / keep.sum()
         return p
 
-    def accept(self, tokens, parents, logits, probs=None, dists=None, rng=None):
+    def accept(self, tokens, parents, logits, probs=None, dists=None, rng=None, sources=None):
         rng = rng or np.random.default_rng()
         kids = _children(parents)
         path = [0]

@@ -123,9 +123,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from speclive.bench.cli import add_bench_parser
     from speclive.demo import add_demo_parser
+    from speclive.sessions.cli import add_predgen_parser, add_retranslate_parser
 
     add_bench_parser(sub)
     add_demo_parser(sub)
+    add_retranslate_parser(sub)
+    add_predgen_parser(sub)
 
     args = parser.parse_args(argv)
     try:

@@ -40,6 +40,8 @@ class GenerationConfig:
     max_draft_nodes: int = 64
     #: keep generating past end-of-sequence tokens
     ignore_eos: bool = False
+    #: an uncached prompt tail up to this long is evaluated in the first verification pass
+    fuse_prefill: int = 32
 
 
 @dataclass
@@ -65,9 +67,12 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0
+    #: 1 when the prompt tail needed a pass of its own (too long to fuse into the first step)
+    prefill_forwards: int = 0
     total_s: float = 0.0
     finish_reason: str = ""
     accepted_by_source: dict[str, int] = field(default_factory=dict)
+    drafted_by_source: dict[str, int] = field(default_factory=dict)
 
     @property
     def mean_accepted(self) -> float:
@@ -131,11 +136,21 @@ class SpeculativeDecoder:
             self.drafter.close()
 
     # ------------------------------------------------------------------------------------
-    def _prefill(self, prompt: list[int]) -> None:
-        """Make the cache hold ``prompt[:-1]``, reusing whatever prefix it already holds."""
+    def _prefill(self, prompt: list[int], fuse_max: int) -> list[int]:
+        """Make the cache hold ``prompt[:-1]``, reusing whatever prefix it already holds.
+
+        A short uncached tail (at most ``fuse_max`` tokens) is not evaluated here but returned,
+        to ride along in the first verification pass: a streaming session whose prompt grew
+        by a few tokens then needs ONE target pass to extend the prompt and verify its draft.
+        """
         keep = common_prefix_len(self.state.tokens, prompt[:-1])
         self.target.truncate(self.state, keep)
-        self.target.extend(self.state, prompt[keep:-1], last_only=True)
+        tail = prompt[keep:-1]
+        if len(tail) <= fuse_max:
+            return tail
+        self.target.extend(self.state, tail, last_only=True)
+        self.last_stats.prefill_forwards = 1
+        return []
 
     def generate(
         self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
@@ -163,7 +178,7 @@ class SpeculativeDecoder:
         self.last_stats = stats
         t_start = time.perf_counter()
 
-        self._prefill(prompt)
+        tail = self._prefill(prompt, cfg.fuse_prefill)
         stats.prefill_s = time.perf_counter() - t_start
         context = list(prompt)
         pending = prompt[-1]
@@ -177,7 +192,8 @@ class SpeculativeDecoder:
 
         while True:
             remaining = cfg.max_tokens - len(out)
-            room = n_ctx - len(self.state.tokens) - 1  # the root (pending) token needs a slot
+            # the root (pending) token and a fused prompt tail need slots
+            room = n_ctx - len(self.state.tokens) - len(tail) - 1
             if room < 0:
                 stats.finish_reason = "context"
                 break
@@ -189,7 +205,14 @@ class SpeculativeDecoder:
             t1 = time.perf_counter()
             tokens, parents = tree.rooted(pending)
             base = len(self.state.tokens)
-            logits = self.target.extend(self.state, tokens, parents)
+            t = len(tail)
+            if t:  # the prompt tail as a chain in front of the root, in the same pass
+                ext_parents = [i - 1 for i in range(t)] + [p + t if p >= 0 else t - 1 for p in parents]
+                logits = self.target.extend(self.state, tail + tokens, ext_parents)[t:]
+                base += t
+                tail = []
+            else:
+                logits = self.target.extend(self.state, tokens, parents)
             verdict = rule.accept(
                 tokens,
                 parents,
@@ -197,9 +220,10 @@ class SpeculativeDecoder:
                 probs=None if tree.probs is None else [1.0] + tree.probs,
                 dists=None if tree.dists is None else [None] + tree.dists,
                 rng=rng,
+                sources=None if tree.sources is None else [None, *tree.sources],
             )
             if self.state.pending is not None:
-                self.target.keep(self.state, verdict.path)
+                self.target.keep(self.state, list(range(t)) + [i + t for i in verdict.path])
             else:
                 self.target.truncate(self.state, base + len(verdict.path))
             t2 = time.perf_counter()
@@ -208,6 +232,8 @@ class SpeculativeDecoder:
             new = [tree.tokens[i] for i in accepted_nodes] + [verdict.bonus]
             if self.drafter is not None and len(tree):
                 self.drafter.feedback(tree, accepted_nodes, verdict.bonus)
+                if not t:  # a step that also carried the prompt tail is no drafting measurement
+                    self.drafter.observe_step(tree.max_depth(), t2 - t0)
             stats.target_forwards += 1
             stats.drafted += len(tree)
             stats.accepted += len(accepted_nodes)
@@ -215,6 +241,9 @@ class SpeculativeDecoder:
             stats.verify_s += t2 - t1
             sources: dict[str, int] = {}
             if tree.sources:
+                for src in tree.sources:
+                    src = src or "draft"
+                    stats.drafted_by_source[src] = stats.drafted_by_source.get(src, 0) + 1
                 for i in accepted_nodes:
                     src = tree.sources[i] or "draft"
                     sources[src] = sources.get(src, 0) + 1

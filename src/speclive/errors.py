@@ -24,3 +24,7 @@ class ConfigError(SpecliveError, ValueError):
 
 class BackendUnavailableError(SpecliveError, ImportError):
     """A backend's optional dependency is missing."""
+
+
+class SessionClosedError(SpecliveError, RuntimeError):
+    """A streaming session was used after ``finish()``."""

@@ -90,6 +90,45 @@ def add_bench_parser(subparsers: Any) -> None:
     a.add_argument("--tag", default="all-small")
     a.set_defaults(func=cmd_all_small)
 
+    r = sub.add_parser("retranslate", help="SSBD re-translation: AR vs bias β vs mask-k (Tables 2-4)")
+    r.add_argument("--model", default=DEFAULT_MODEL)
+    r.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    r.add_argument("--langs", type=_csv, default=["de", "zh", "ja"])
+    r.add_argument("--betas", type=_floats, default=[0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+    r.add_argument("--mask-ks", type=_ints, default=[3, 5])
+    r.add_argument("--beta", type=float, default=0.2, help="β of the mask-k rows")
+    r.add_argument("--limit", type=int, default=12, help="source sentences per language")
+    r.add_argument("--lag-k", type=int, default=3)
+    r.add_argument("--max-tokens", type=int, default=160)
+    r.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    r.add_argument("--tag", default=None, help="results name: retranslate-<tag>.* (default: model-backend)")
+    r.add_argument("--no-plot", action="store_true")
+    r.set_defaults(func=cmd_retranslate)
+
+    g = sub.add_parser("predgen", help="PredGen voice chat on MT-Bench: cascade vs verifiers (Table 1)")
+    g.add_argument("--model", default=DEFAULT_MODEL)
+    g.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    g.add_argument("--methods", type=_csv, default=["baseline", "greedy", "topk:3", "reflection"])
+    g.add_argument("--turns", type=_ints, default=[1, 2])
+    g.add_argument("--limit", type=int, default=20, help="MT-Bench questions (spread over the 80)")
+    g.add_argument("--cpm", type=float, default=600.0, help="user speaking rate, characters per minute")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--no-tts", action="store_true")
+    g.add_argument(
+        "--judge", default=None, help="judge model for MT-Bench scores (e.g. qwen2.5-coder-1.5b-instruct)"
+    )
+    g.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    g.add_argument("--tag", default=None, help="results name (default: predgen-<model>-<backend>)")
+    g.add_argument("--no-plot", action="store_true")
+    g.set_defaults(func=cmd_predgen)
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in _csv(text)]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from e
+
 
 def _command(parts: list[str]) -> str:
     return " ".join(shlex.quote(p) for p in parts)
@@ -238,3 +277,114 @@ def cmd_all_small(args: argparse.Namespace) -> int:
         vllm_k=None,
     )
     return cmd_decode(ns)
+
+
+def cmd_retranslate(args: argparse.Namespace) -> int:
+    from speclive.bench.retranslate import RetranslateBenchOptions, run_retranslate_bench, write_outputs
+
+    tag = args.tag or f"{args.model}-{args.backend}"
+    parts = [
+        "speclive",
+        "bench",
+        "retranslate",
+        "--model",
+        args.model,
+        "--backend",
+        args.backend,
+        "--langs",
+        ",".join(args.langs),
+        "--betas",
+        ",".join(f"{b:g}" for b in args.betas),
+        "--mask-ks",
+        ",".join(map(str, args.mask_ks)),
+        "--beta",
+        f"{args.beta:g}",
+        "--limit",
+        str(args.limit),
+        "--lag-k",
+        str(args.lag_k),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--tag",
+        tag,
+    ]
+    opts = RetranslateBenchOptions(
+        model=args.model,
+        backend=args.backend,
+        langs=args.langs,
+        betas=args.betas,
+        mask_ks=args.mask_ks,
+        beta=args.beta,
+        limit=args.limit,
+        lag_k=args.lag_k,
+        max_tokens=args.max_tokens,
+        out=args.out,
+        tag=tag,
+        plot=not args.no_plot,
+        command=_command(parts),
+    )
+    result = run_retranslate_bench(opts, log=lambda m: print(m, file=sys.stderr))
+    for p in write_outputs(result, args.out, tag, plot_it=opts.plot):
+        print(f"wrote {p}", file=sys.stderr)
+    from speclive.bench.retranslate import markdown
+
+    print(markdown(result))
+    return 0
+
+
+def cmd_predgen(args: argparse.Namespace) -> int:
+    from speclive.bench.predgen import PredGenBenchOptions, markdown, run_predgen_bench, write_outputs
+    from speclive.errors import ConfigError
+    from speclive.sessions.predictive import _parse_verifier
+
+    if "baseline" not in args.methods:
+        raise ConfigError("--methods must include baseline (speedups and turn-2 history come from it)")
+    for m in args.methods:
+        if m != "baseline":
+            _parse_verifier(m)
+    tag = args.tag or f"predgen-{args.model}-{args.backend}"
+    parts = [
+        "speclive",
+        "bench",
+        "predgen",
+        "--model",
+        args.model,
+        "--backend",
+        args.backend,
+        "--methods",
+        ",".join(args.methods),
+        "--turns",
+        ",".join(map(str, args.turns)),
+        "--limit",
+        str(args.limit),
+        "--cpm",
+        f"{args.cpm:g}",
+        "--max-tokens",
+        str(args.max_tokens),
+        "--tag",
+        tag,
+    ]
+    if args.no_tts:
+        parts.append("--no-tts")
+    if args.judge:
+        parts += ["--judge", args.judge]
+    opts = PredGenBenchOptions(
+        model=args.model,
+        backend=args.backend,
+        methods=args.methods,
+        turns=args.turns,
+        limit=args.limit,
+        cpm=args.cpm,
+        max_tokens=args.max_tokens,
+        tts=not args.no_tts,
+        judge=args.judge,
+        out=args.out,
+        tag=tag,
+        plot=not args.no_plot,
+        command=_command(parts),
+    )
+    result = run_predgen_bench(opts, log=lambda m: print(m, file=sys.stderr))
+    for p in write_outputs(result, args.out, tag, plot_it=opts.plot):
+        print(f"wrote {p}", file=sys.stderr)
+    print(markdown(result))
+    return 0

@@ -53,12 +53,37 @@ class AdaptiveLength:
         self._off_steps = 0
         self._backoff = self.cfg.probe_after
         self.off = False
+        # measured vs modelled seconds of drafting steps (EMAs): the model misses overheads
+        # (draft-cache sync, Python, logits copies), the measurement does not
+        self._obs_s: float | None = None
+        self._pred_s: float | None = None
+
+    def _model_cost(self, k: int) -> float:
+        """Modelled cost of a step drafting ``k`` tokens, in target single-step units."""
+        ratio = self.target_cost.ratio(k + 1) if self.target_cost else 1.0 + 0.5 * k
+        return ratio + k * self.draft_ratio
+
+    @property
+    def cost_scale(self) -> float:
+        """Measured / modelled cost of drafting steps (1 until measured; clamped to [0.5, 4])."""
+        if not self._obs_s or not self._pred_s:
+            return 1.0
+        return min(4.0, max(0.5, self._obs_s / self._pred_s))
 
     def expected_speedup(self, k: int) -> float:
         a = min(max(self.alpha, 0.0), 0.999)
         tokens = (1 - a ** (k + 1)) / (1 - a)
-        ratio = self.target_cost.ratio(k + 1) if self.target_cost else 1.0 + 0.5 * k
-        return tokens / (ratio + k * self.draft_ratio)
+        return tokens / (self._model_cost(k) * self.cost_scale)
+
+    def observe_step(self, drafted: int, seconds: float) -> None:
+        """Wall time of one drafting step (draft + verify) that drafted ``drafted`` tokens."""
+        t1 = self.target_cost.step_seconds() if self.target_cost else None
+        if drafted <= 0 or not t1 or seconds <= 0:
+            return
+        pred = t1 * self._model_cost(drafted)
+        e = self.cfg.ema
+        self._obs_s = seconds if self._obs_s is None else (1 - e) * self._obs_s + e * seconds
+        self._pred_s = pred if self._pred_s is None else (1 - e) * self._pred_s + e * pred
 
     def best_length(self) -> int:
         if self.cfg.fixed:
@@ -127,6 +152,10 @@ class Drafter(ABC):
     def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
         """Verification result: accepted node indices of ``tree`` (a root-anchored chain)."""
         self.adaptive.update(tree.max_depth(), len(accepted_nodes))
+
+    def observe_step(self, drafted: int, seconds: float) -> None:
+        """Wall time of the last step (drafting + verification), for the adaptive controller."""
+        self.adaptive.observe_step(drafted, seconds)
 
     def close(self) -> None:
         """Free held resources (draft model states)."""

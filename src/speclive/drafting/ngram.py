@@ -128,6 +128,10 @@ class NgramDrafter(Drafter):
         self._last_bucket = bucket
         return DraftTree.chain(self._ctx[start : start + k], source=self.name)
 
+    def observe_step(self, drafted: int, seconds: float) -> None:
+        if self._last_bucket is not None:
+            self.by_bucket[self._last_bucket].observe_step(drafted, seconds)
+
     def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
         super().feedback(tree, accepted_nodes, bonus)
         if self._last_bucket is not None:

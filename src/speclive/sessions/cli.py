@@ -1,0 +1,175 @@
+"""``speclive retranslate``: stream a text through an SSBD re-translation session."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_retranslate_parser(subparsers: Any) -> None:
+    from speclive.loader import BACKENDS, DEFAULT_MODEL
+    from speclive.sessions.retranslate import LANGUAGES
+
+    p = subparsers.add_parser(
+        "retranslate", help="live re-translation of a growing source (SSBD: previous output as draft)"
+    )
+    p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
+    p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    p.add_argument("--target-lang", default="de", help=f"one of: {', '.join(LANGUAGES)}")
+    p.add_argument("--beta", type=float, default=0.2, help="bias towards the previous output (0 = lossless)")
+    p.add_argument("--mask-k", type=int, default=3, help="hide the last k output tokens of partial updates")
+    p.add_argument(
+        "--display-only",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="mask-k on the display only (default) or also trim the draft (--no-display-only)",
+    )
+    p.add_argument("--no-recycle", action="store_true", help="no recycled drafts after a divergence")
+    p.add_argument("--baseline", action="store_true", help="plain autoregressive re-translation")
+    p.add_argument("--lag-k", type=int, default=3, help="source arrives this many words per update")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("text", help="English source text")
+    p.set_defaults(func=cmd_retranslate)
+
+
+def cmd_retranslate(args: argparse.Namespace) -> int:
+    from speclive.errors import ConfigError
+    from speclive.loader import load_backend
+    from speclive.sessions.retranslate import RetranslateConfig, ReTranslator
+    from speclive.sessions.simulate import lag_k_prefixes
+
+    if not args.text.strip():
+        raise ConfigError("empty text: give the English source as the last argument")
+    cfg = RetranslateConfig(
+        target_lang=args.target_lang,
+        beta=args.beta,
+        mask_k=args.mask_k,
+        display_only=args.display_only,
+        baseline=args.baseline,
+        recycle=not args.no_recycle,
+        max_tokens=args.max_tokens,
+    )
+    cfg.validate()  # before the model loads
+    prefixes = lag_k_prefixes(args.text, args.lag_k)
+    backend = load_backend(args.model, args.backend, threads=args.threads)
+    session = ReTranslator(backend, cfg)
+    try:
+        for i, src in enumerate(prefixes):
+            final = i == len(prefixes) - 1
+            u = session.finish(src) if final else session.update(src)
+            if not args.json:
+                tag = "final" if final else f"{i + 1:>5}"
+                print(f"[{tag}] {u.source}\n        -> {u.display}", flush=True)
+        m = session.metrics()
+    finally:
+        session.close()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "updates": [
+                        {"source": u.source, "output": u.output, "display": u.display}
+                        for u in session.updates
+                    ],
+                    "final": session.updates[-1].output,
+                    "metrics": m,
+                    "settings": {**vars(cfg), "model": backend.name, "backend": backend.kind},
+                },
+                ensure_ascii=False,
+            )
+        )
+    else:
+        print(
+            f"NE {m['normalized_erasure']:.2f} | A/D {100 * m['acceptance_per_draft']:.0f}% | "
+            f"A/O {100 * m['accepted_per_output']:.0f}% | target forwards {m['target_forwards']} | "
+            f"{m['tokens_per_second']:.1f} output tok/s",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def add_predgen_parser(subparsers: Any) -> None:
+    from speclive.loader import BACKENDS, DEFAULT_MODEL
+
+    p = subparsers.add_parser(
+        "predgen", help="voice-chat answer while the user speaks (PredGen input-time speculation)"
+    )
+    p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
+    p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    p.add_argument("--verifier", default="greedy", help="greedy | topk:K | reflection")
+    p.add_argument("--cpm", type=float, default=600.0, help="user speaking rate, characters per minute")
+    p.add_argument("--no-tts", action="store_true", help="text only (no Piper voice)")
+    p.add_argument("--voice", default="piper-joe-medium", help="Piper voice: registry name or .onnx path")
+    p.add_argument("--baseline", action="store_true", help="plain cascade: wait, generate, then TTS")
+    p.add_argument("--lookahead", type=int, default=0, help="tokens speculated past the first sentence")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--wav", default=None, help="write the spoken answer to this WAV file")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("prompt", help="what the user says")
+    p.set_defaults(func=cmd_predgen)
+
+
+def cmd_predgen(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from speclive.errors import ConfigError
+    from speclive.loader import load_backend
+    from speclive.sessions.predictive import PredGenConfig, PredictiveResponder, _parse_verifier
+    from speclive.sessions.simulate import simulate_user
+    from speclive.tts.base import Audio, write_wav
+
+    if not args.prompt.strip():
+        raise ConfigError("empty prompt: give what the user says as the last argument")
+    if args.cpm <= 0:
+        raise ConfigError(f"--cpm must be > 0, got {args.cpm}")
+    _parse_verifier(args.verifier)  # fail before loading anything
+    tts = None
+    if not args.no_tts:
+        from speclive.tts.piper import PiperTTS
+
+        tts = PiperTTS(args.voice)
+        tts.synthesize("Ready.")  # warm-up outside the measurement
+    backend = load_backend(args.model, args.backend, threads=args.threads)
+    cfg = PredGenConfig(
+        verifier=args.verifier, max_tokens=args.max_tokens, lookahead=args.lookahead, baseline=args.baseline
+    )
+    session = PredictiveResponder(backend, cfg, tts=tts)
+    try:
+        resp, timeline = simulate_user(session, args.prompt, args.cpm)
+    finally:
+        session.close()
+    wait = timeline["wait_s"]
+    metrics = {
+        "ttfs_ms": 1000 * (wait + resp.ttfs_s),
+        "nfetfs": resp.nfetfs,
+        "audio_latency_ms": 1000 * (wait + resp.audio_latency_s),
+        "presynth_used": resp.presynth_used,
+        "wait_ms": 1000 * wait,
+        "input_s": timeline["input_s"],
+        "updates": len(timeline["updates"]),
+        "speculation_compute_s": sum(u["compute_s"] for u in timeline["updates"]),
+    }
+    if args.wav and resp.audio:
+        sr = resp.audio[0].sample_rate
+        write_wav(args.wav, Audio(np.concatenate([a.samples for a in resp.audio]), sr, 0.0))
+    if args.json:
+        print(
+            json.dumps(
+                {"response": resp.response, "first_sentence": resp.first_sentence, "metrics": metrics},
+                ensure_ascii=False,
+            )
+        )
+    else:
+        print(resp.response)
+        print(
+            f"TTFS {metrics['ttfs_ms']:.0f} ms | NFETFS {resp.nfetfs} | audio latency "
+            f"{metrics['audio_latency_ms']:.0f} ms | pre-synthesized audio "
+            f"{'used' if resp.presynth_used else 'not used'} | {metrics['updates']} partial prompts",
+            file=sys.stderr,
+        )
+    return 0

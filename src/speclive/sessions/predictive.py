@@ -1,0 +1,296 @@
+"""PredGen: answer while the user is still speaking (input-time speculation for voice chat).
+
+The session is fed partial prompts (``update``) and the final one (``finish``). On every
+partial prompt it runs ONE speculative decode of the engine whose draft is the previous
+candidate answer (``HistoryDrafter``): the target verifies the old candidate against the new
+prompt in one pass (fused with the few new prompt tokens), keeps what the verifier accepts,
+continues from the first rejected token until the candidate's first sentence is complete, and
+pre-synthesizes that sentence with TTS whenever it changed. On ``finish`` the same happens
+with the complete prompt; if the first sentence comes out unchanged its audio is already there
+and plays at once, otherwise it is synthesized now. The rest of the answer then streams
+sentence by sentence.
+
+Verifiers (PredGen §3.1): ``greedy`` (lossless: the answer is exactly the target's greedy
+answer to the full prompt), ``topk:K`` (accept previous-candidate tokens within the target's
+top-K), ``reflection`` (the model judges, with the appendix A.2 yes/no prompt, whether the
+candidate's first sentence is consistent with the partial prompt; yes accepts that sentence
+whole, no falls back to greedy). Partial prompts use the appendix A.3 system prompt.
+
+``baseline=True`` is the plain cascade: wait for the full prompt, generate, then TTS.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from speclive.acceptance import ForcedRule, GreedyRule, SourceRule, TopKRule
+from speclive.backends.base import Backend
+from speclive.decoder import GenerationConfig, SpeculativeDecoder
+from speclive.drafting.history import HistoryDrafter
+from speclive.errors import ConfigError, SessionClosedError
+from speclive.tts.base import TTS, Audio
+from speclive.tts.sentences import first_sentence_end, split_sentences
+
+SYSTEM_PROMPT = (
+    "The instruction provided by the user may be truncated. In such cases, respond based on your "
+    "best guess of the incomplete instruction. Do not complain about incomplete prompts."
+)
+REFLECTION_PROMPT = (
+    "You are given an incomplete prompt and the model's speculative partial answer.\n"
+    "Please judge whether the partial prompt is consistent with the model's answer.\n"
+    "Partial Prompt: {prompt}\n"
+    "Partial Answer: {answer}"
+)
+VERIFIERS = ("greedy", "topk:K", "reflection")
+
+
+@dataclass
+class PredGenConfig:
+    #: greedy | topk:K | reflection
+    verifier: str = "greedy"
+    max_tokens: int = 256
+    #: tokens generated past the end of the first sentence while speculating
+    lookahead: int = 0
+    system: str = SYSTEM_PROMPT
+    #: plain cascade: no speculation before the full prompt
+    baseline: bool = False
+    #: synthesize the sentences after the first too (a real voice chat does; benchmarks may not)
+    speak_rest: bool = True
+
+
+@dataclass
+class CandidateUpdate:
+    """What one partial prompt produced."""
+
+    partial: str
+    candidate: str
+    first_sentence: str
+    drafted: int = 0
+    accepted: int = 0
+    forwards: int = 0
+    seconds: float = 0.0
+    #: the first sentence changed and was synthesized again in this update
+    resynthesized: bool = False
+    tts_s: float = 0.0
+
+
+@dataclass
+class PredGenResponse:
+    """The answer to the final prompt and its latency figures (from the call to ``finish``)."""
+
+    response: str
+    first_sentence: str
+    token_ids: list[int] = field(repr=False)
+    #: time to first sentence: finish() until the first sentence's text is complete
+    ttfs_s: float = 0.0
+    #: LLM forward passes until then (1 = the final verification accepted it all)
+    nfetfs: int = 0
+    #: finish() until the first sentence's audio can start
+    audio_latency_s: float = 0.0
+    presynth_used: bool = False
+    first_audio: Audio | None = field(default=None, repr=False)
+    audio: list[Audio] = field(default_factory=list, repr=False)
+    total_s: float = 0.0
+    forwards: int = 0
+
+
+def _parse_verifier(spec: str):
+    name, _, arg = spec.strip().lower().partition(":")
+    if name == "greedy" and not arg:
+        return "greedy", SourceRule({"forced": ForcedRule()}, default=GreedyRule())
+    if name == "topk":
+        try:
+            k = int(arg or 3)
+        except ValueError:
+            raise ConfigError(f"invalid verifier {spec!r}: top-k needs an integer, e.g. topk:3") from None
+        return "topk", SourceRule({"history": TopKRule(k), "forced": ForcedRule()}, default=GreedyRule())
+    if name == "reflection" and not arg:
+        return "reflection", SourceRule({"forced": ForcedRule()}, default=GreedyRule())
+    raise ConfigError(f"invalid verifier {spec!r}; allowed values: {', '.join(VERIFIERS)}")
+
+
+class PredictiveResponder:
+    """Session: ``update(partial)`` while the user speaks, ``finish()`` once at the end."""
+
+    def __init__(
+        self,
+        model: Backend,
+        config: PredGenConfig | None = None,
+        tts: TTS | None = None,
+        history: list[dict[str, str]] | None = None,
+        **overrides,
+    ):
+        cfg = config or PredGenConfig()
+        if overrides:
+            cfg = PredGenConfig(**{**cfg.__dict__, **overrides})
+        if cfg.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {cfg.max_tokens}")
+        self.cfg = cfg
+        self.kind, rule = _parse_verifier(cfg.verifier)
+        self.backend = model
+        self.tok = model.tokenizer
+        self.tts = tts
+        self.history = list(history or [])
+        self.drafter = None if cfg.baseline else HistoryDrafter(recycle=True)
+        self.decoder = SpeculativeDecoder(model, self.drafter, None if cfg.baseline else rule)
+        self._judge_state = model.new_state() if self.kind == "reflection" and not cfg.baseline else None
+        self._yes, self._no = self._answer_ids("yes"), self._answer_ids("no")
+        self.candidate: list[int] = []
+        self.presynth: tuple[str, Audio] | None = None
+        self.updates: list[CandidateUpdate] = []
+        self.partial = ""
+        self.finished = False
+
+    # ---- prompts -------------------------------------------------------------------------
+    def prompt_ids(self, partial: str) -> list[int]:
+        """The chat prompt; the system prompt is there for the final prompt too (and for the
+        baseline), so greedy PredGen and the cascade answer the very same prompt."""
+        msgs = [{"role": "system", "content": self.cfg.system}, *self.history]
+        return self.tok.chat([*msgs, {"role": "user", "content": partial}])
+
+    def _answer_ids(self, word: str) -> list[int]:
+        ids = {self.tok.encode(w)[0] for w in (word, word.capitalize(), " " + word) if self.tok.encode(w)}
+        return sorted(ids)
+
+    def _judge(self, partial: str, sentence: str) -> bool:
+        """Appendix A.2 self-reflection: is the candidate's first sentence consistent?"""
+        assert self._judge_state is not None
+        ids = self.tok.chat(
+            [{"role": "user", "content": REFLECTION_PROMPT.format(prompt=partial, answer=sentence)}]
+        )
+        row = self.backend.sync(self._judge_state, ids)[-1]
+        return float(np.max(row[self._yes])) > float(np.max(row[self._no]))
+
+    # ---- the engine run shared by update and finish ---------------------------------------
+    def _run(self, partial: str, final: bool) -> dict:
+        """Verify the candidate against ``partial`` and generate; stop after the first sentence
+        (+ lookahead) unless ``final``. Returns what happened, with first-sentence timings."""
+        t0 = time.perf_counter()
+        prompt = self.prompt_ids(partial)
+        judge_forwards = 0
+        if self.drafter is not None:
+            forced = 0
+            old_text = self.tok.decode(self.candidate)
+            end = first_sentence_end(old_text)
+            if self.kind == "reflection" and end > 0:
+                judge_forwards = 1
+                if self._judge(partial, old_text[:end]):
+                    forced = self._tokens_covering(self.candidate, end)
+            self.drafter.set_history(self.candidate, forced=forced)
+        gen = GenerationConfig(max_tokens=self.cfg.max_tokens, max_draft_nodes=512)
+        out: list[int] = []
+        first_end, first_at, first_fw, extra = -1, None, 0, 0
+        events = self.decoder.generate(prompt, gen)
+        try:
+            for ev in events:
+                stats = self.decoder.last_stats  # the generator made it on its first step
+                out.extend(ev.tokens)
+                if first_end < 0:
+                    text = self.tok.decode(out)
+                    first_end = first_sentence_end(text, complete=bool(stats.finish_reason))
+                    if first_end >= 0:
+                        first_at = time.perf_counter()
+                        first_fw = judge_forwards + stats.prefill_forwards + stats.target_forwards
+                elif not final:
+                    extra += len(ev.tokens)
+                if first_end >= 0 and not final and extra >= self.cfg.lookahead:
+                    break
+        finally:
+            events.close()
+        stats = self.decoder.last_stats
+        text = self.tok.decode(out)
+        if first_end < 0:  # the answer ended (or hit max_tokens) without a sentence end
+            first_end = len(text.rstrip()) if text.strip() else -1
+            first_at = time.perf_counter()
+            first_fw = judge_forwards + stats.prefill_forwards + stats.target_forwards
+        return {
+            "t0": t0,
+            "ids": out,
+            "text": text,
+            "first": text[:first_end].strip() if first_end >= 0 else "",
+            "first_at": first_at,
+            "first_forwards": first_fw,
+            "forwards": judge_forwards + stats.prefill_forwards + stats.target_forwards,
+            "drafted": sum(stats.drafted_by_source.get(s, 0) for s in ("history", "forced")),
+            "accepted": sum(stats.accepted_by_source.get(s, 0) for s in ("history", "forced")),
+        }
+
+    def _tokens_covering(self, ids: list[int], chars: int) -> int:
+        """Fewest leading tokens of ``ids`` whose text covers ``chars`` characters."""
+        for n in range(1, len(ids) + 1):
+            if len(self.tok.decode(ids[:n])) >= chars:
+                return n
+        return len(ids)
+
+    def _synthesize(self, sentence: str) -> Audio | None:
+        return self.tts.synthesize(sentence) if self.tts is not None and sentence else None
+
+    # ---- the session protocol ------------------------------------------------------------
+    def update(self, partial: str) -> CandidateUpdate:
+        """A new partial prompt: re-verify and extend the candidate, pre-synthesize its first
+        sentence if it changed."""
+        if self.finished:
+            raise SessionClosedError("update() after finish(): this PredGen session is closed")
+        partial = " ".join(partial.split())
+        if self.cfg.baseline or not partial:
+            self.partial = partial
+            u = CandidateUpdate(partial, "", "")
+            self.updates.append(u)
+            return u
+        r = self._run(partial, final=False)  # may raise (e.g. too long): the session stays as it was
+        self.partial = partial
+        self.candidate = r["ids"]
+        u = CandidateUpdate(partial, r["text"], r["first"], r["drafted"], r["accepted"], r["forwards"], 0.0)
+        if r["first"] and (self.presynth is None or self.presynth[0] != r["first"]):
+            audio = self._synthesize(r["first"])
+            if audio is not None:
+                self.presynth = (r["first"], audio)
+                u.resynthesized, u.tts_s = True, audio.synth_s
+        u.seconds = time.perf_counter() - r["t0"]
+        self.updates.append(u)
+        return u
+
+    def finish(self, final: str | None = None) -> PredGenResponse:
+        """The complete prompt: final verification, first sentence audio, then the rest."""
+        if self.finished:
+            raise SessionClosedError("finish() called twice: this PredGen session is closed")
+        prompt = " ".join((self.partial if final is None else final).split())
+        if not prompt:
+            raise ConfigError("empty prompt: nothing to answer")
+        self.finished = True
+        r = self._run(prompt, final=True)
+        first = r["first"]
+        ttfs = r["first_at"] - r["t0"]
+        presynth_used = self.presynth is not None and self.presynth[0] == first
+        if presynth_used:
+            first_audio: Audio | None = self.presynth[1]  # type: ignore[index]
+            latency = ttfs
+        else:
+            # synthesized after the text was complete: its time adds to the latency
+            first_audio = self._synthesize(first)
+            latency = ttfs + (first_audio.synth_s if first_audio is not None else 0.0)
+        audio = [first_audio] if first_audio is not None else []
+        if self.cfg.speak_rest and self.tts is not None:
+            audio += [self.tts.synthesize(s) for s in split_sentences(r["text"])[1:]]
+        self.candidate = r["ids"]
+        return PredGenResponse(
+            response=r["text"].strip(),
+            first_sentence=first,
+            token_ids=r["ids"],
+            ttfs_s=ttfs,
+            nfetfs=r["first_forwards"],
+            audio_latency_s=latency,
+            presynth_used=presynth_used,
+            first_audio=first_audio,
+            audio=audio,
+            total_s=time.perf_counter() - r["t0"],
+            forwards=r["forwards"],
+        )
+
+    def close(self) -> None:
+        self.decoder.close()
+        if self._judge_state is not None:
+            self.backend.release(self._judge_state)

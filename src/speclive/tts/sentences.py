@@ -1,0 +1,37 @@
+"""Sentence boundaries for sentence-wise TTS: a sentence ends at ``.``, ``?`` or ``!``.
+
+During generation a period is only a sentence end once the next character is known: "3.14"
+and "e.g." are not, so the end is confirmed by following whitespace (or by the end of the
+response). Lists ("1. Apples") are not broken after the number.
+"""
+
+from __future__ import annotations
+
+import re
+
+_END = re.compile(r"(?<!\b\d)(?<!\b[A-Za-z])[.?!]+[\"')\]]*(?=\s)")
+
+
+def first_sentence_end(text: str, complete: bool = False) -> int:
+    """Character index just past the first sentence, or -1 if it is not finished yet.
+
+    ``complete``: the text is the whole response, so its end also ends a sentence.
+    """
+    start = len(text) - len(text.lstrip())
+    for m in _END.finditer(text):
+        if m.end() > start and text[start : m.end()].strip():
+            return m.end()
+    if complete and text.strip():
+        return len(text.rstrip())
+    return -1
+
+
+def split_sentences(text: str) -> list[str]:
+    """All sentences of a complete response, in order."""
+    out = []
+    rest = text
+    while rest.strip():
+        end = first_sentence_end(rest, complete=True)
+        out.append(rest[:end].strip())
+        rest = rest[end:]
+    return out

@@ -1,0 +1,171 @@
+"""PredGen predictive responder on real models: SmolLM2-135M + the Piper joe-medium voice.
+
+Greedy verification must reproduce the plain cascade token for token (fp32 transformers);
+pre-synthesized audio is used exactly when the first sentence survives; the honest clock
+counts compute time; bad input is handled.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import wave
+
+import pytest
+
+from speclive.cli import main
+from speclive.errors import ConfigError, ContextOverflowError, SessionClosedError
+from speclive.sessions.predictive import PredictiveResponder
+from speclive.sessions.simulate import simulate_user, word_arrivals
+from speclive.tts.sentences import first_sentence_end, split_sentences
+
+SMALL = "smollm2-135m-instruct"
+PROMPTS = [
+    "Give me two tips for staying focused while working from home.",
+    "What is the boiling point of water at sea level?",
+    "Describe a sunset over the ocean in a few words.",
+]
+
+
+@pytest.fixture(scope="module")
+def piper():
+    from speclive.tts.piper import PiperTTS
+
+    tts = PiperTTS("piper-joe-medium")
+    tts.synthesize("Warm up.")
+    return tts
+
+
+# ---- pure helpers -----------------------------------------------------------------------------
+def test_sentence_ends():
+    assert first_sentence_end("Hello there. How") == len("Hello there.")
+    assert first_sentence_end("Pi is 3.14 and") == -1  # a decimal point is no sentence end
+    assert first_sentence_end("Done!") == -1  # not confirmed until the next character
+    assert first_sentence_end("Done!", complete=True) == 5
+    assert first_sentence_end("1. Apples are red. Pears") == len("1. Apples are red.")
+    assert first_sentence_end("Really?! Yes") == len("Really?!")
+    assert split_sentences("It is red. Is it blue? Yes it is!") == ["It is red.", "Is it blue?", "Yes it is!"]
+    assert first_sentence_end("See e.g. this. And") == len("See e.g. this.")
+
+
+def test_word_arrivals_at_600_cpm():
+    arr = word_arrivals("ab cd", 600)  # 10 characters per second
+    assert arr == [("ab", pytest.approx(0.2)), ("cd", pytest.approx(0.5))]
+    with pytest.raises(ValueError):
+        word_arrivals("a", 0)
+
+
+class _Recorder:
+    """Only the session protocol; each update costs real time, to check the clock."""
+
+    def __init__(self, cost_s: float):
+        self.cost, self.calls = cost_s, []
+
+    def update(self, partial):
+        self.calls.append(partial)
+        time.sleep(self.cost)
+
+    def finish(self, final):
+        self.calls.append(("final", final))
+        return "done"
+
+
+def test_honest_clock_counts_compute_and_overrun():
+    # 10 chars/s: words end at 0.1, 0.3, 0.5, 0.7 s; each update takes 0.25 s
+    rec = _Recorder(0.25)
+    result, tl = simulate_user(rec, "a b c d", cpm=600)
+    assert result == "done" and rec.calls[-1] == ("final", "a b c d")
+    # poll at 0.1 ("a"); busy until 0.35 -> "a b" (0.3 arrived); busy until ~0.6 -> "a b c";
+    # busy until ~0.85 > 0.7: the finish waits ~0.15 s for the session
+    assert rec.calls[:3] == ["a", "a b", "a b c"]
+    assert tl["wait_s"] == pytest.approx(0.15, abs=0.08)
+    fast = _Recorder(0.0)
+    _, tl = simulate_user(fast, "a b c d", cpm=600)
+    assert fast.calls[:3] == ["a", "a b", "a b c"] and tl["wait_s"] == 0.0
+
+
+# ---- real model ---------------------------------------------------------------------------------
+def _answer(backend, prompt, **kw):
+    s = PredictiveResponder(backend, max_tokens=40, speak_rest=False, **kw)
+    try:
+        resp, tl = simulate_user(s, prompt, cpm=600)
+    finally:
+        s.close()
+    return resp, tl, s
+
+
+def test_greedy_reproduces_the_cascade_exactly(hf_smol):
+    for prompt in PROMPTS:
+        base, _, _ = _answer(hf_smol, prompt, baseline=True)
+        pred, tl, s = _answer(hf_smol, prompt, verifier="greedy")
+        assert pred.token_ids == base.token_ids, prompt
+        assert pred.response == base.response and pred.first_sentence == base.first_sentence
+        assert len(tl["updates"]) >= 2  # it really speculated on partial prompts
+        assert sum(u.accepted for u in s.updates) > 0  # and reused earlier candidates
+
+
+def test_presynthesized_audio_is_used_when_the_first_sentence_survives(hf_smol, piper):
+    prompt = PROMPTS[1]
+    s = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False)
+    u = s.update(prompt)  # the user's last words were already heard
+    assert u.resynthesized and u.tts_s > 0 and s.presynth is not None
+    resp = s.finish(prompt)
+    assert resp.presynth_used and resp.first_sentence == s.presynth[0]
+    assert resp.nfetfs == 1  # one pass verified the whole first sentence
+    assert resp.audio_latency_s == pytest.approx(resp.ttfs_s)
+    assert resp.first_audio is not None and resp.first_audio.duration_s > 0.3
+    s.close()
+
+    base = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False, baseline=True)
+    b = base.finish(prompt)
+    assert not b.presynth_used and b.nfetfs > 1
+    assert b.audio_latency_s == pytest.approx(b.ttfs_s + b.first_audio.synth_s)
+    assert b.token_ids == resp.token_ids
+    base.close()
+
+
+@pytest.mark.parametrize("verifier", ["topk:3", "reflection"])
+def test_relaxed_verifiers_run(llama_smol, verifier):
+    resp, _, s = _answer(llama_smol, PROMPTS[0], verifier=verifier)
+    assert resp.response and resp.first_sentence and resp.nfetfs >= 1
+    assert sum(u.drafted for u in s.updates) > 0
+
+
+def test_rewritten_partials_and_bad_input(hf_smol):
+    s = PredictiveResponder(hf_smol, max_tokens=24, speak_rest=False)
+    assert s.update("   ").candidate == ""
+    s.update("Tell me about dogs and")
+    s.update("Tell me about cats")  # an ASR revision rewrote the tail
+    with pytest.raises(ContextOverflowError):
+        s.update("word " * 9000)
+    s.update("Tell me about cats in two sentences")  # still usable
+    resp = s.finish()
+    base = PredictiveResponder(hf_smol, max_tokens=24, baseline=True)
+    assert resp.token_ids == base.finish("Tell me about cats in two sentences").token_ids
+    with pytest.raises(SessionClosedError):
+        s.finish()
+    with pytest.raises(SessionClosedError):
+        s.update("more")
+    with pytest.raises(ConfigError, match="allowed values"):
+        PredictiveResponder(hf_smol, verifier="magic")
+    with pytest.raises(ConfigError, match="empty prompt"):
+        PredictiveResponder(hf_smol).finish("  ")
+    s.close()
+    base.close()
+
+
+def test_cli_json_and_wav(capsys, tmp_path):
+    wav = tmp_path / "answer.wav"
+    rc = main(["predgen", "--model", SMALL, "--max-tokens", "24", "--json", "--wav", str(wav), PROMPTS[1]])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"response", "first_sentence", "metrics"}
+    assert set(out["metrics"]) >= {"ttfs_ms", "nfetfs", "audio_latency_ms", "presynth_used"}
+    with wave.open(str(wav)) as w:
+        assert w.getframerate() == 22050 and w.getnframes() > 0
+    rc = main(
+        ["predgen", "--model", SMALL, "--no-tts", "--baseline", "--json", "--max-tokens", "16", "Hi there"]
+    )
+    assert rc == 0 and json.loads(capsys.readouterr().out)["metrics"]["presynth_used"] is False
+    rc = main(["predgen", "--verifier", "magic", "hello"])
+    assert rc == 2 and "allowed values" in capsys.readouterr().err
