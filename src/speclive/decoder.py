@@ -233,7 +233,7 @@ class SpeculativeDecoder:
             if self.drafter is not None and len(tree):
                 self.drafter.feedback(tree, accepted_nodes, verdict.bonus)
                 if not t:  # a step that also carried the prompt tail is no drafting measurement
-                    self.drafter.observe_step(tree.max_depth(), t2 - t0)
+                    self.drafter.observe_step(tree.max_depth(), t2 - t0, len(new))
             stats.target_forwards += 1
             stats.drafted += len(tree)
             stats.accepted += len(accepted_nodes)

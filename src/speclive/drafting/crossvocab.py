@@ -55,7 +55,9 @@ class CrossVocabDrafter(Drafter):
         self.detail = f"draft={draft.name}"
 
     def begin(self, context: Sequence[int]) -> None:
-        self.draft.truncate(self.state, 0)
+        # nothing to reset: the next sync() trims the draft cache to its common prefix with
+        # the new context, so a shared system prompt is not recomputed
+        pass
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         assert self.target is not None, "bind() the drafter to a target first"

@@ -82,6 +82,6 @@ class HistoryDrafter(Drafter):
         if self._recycled and self.recycler is not None:
             self.recycler.feedback(tree, accepted_nodes, bonus)
 
-    def observe_step(self, drafted: int, seconds: float) -> None:
+    def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
         if self._recycled and self.recycler is not None:
-            self.recycler.observe_step(drafted, seconds)
+            self.recycler.observe_step(drafted, seconds, committed)

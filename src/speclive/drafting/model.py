@@ -106,7 +106,9 @@ class ModelDrafter(Drafter):
             self.adaptive.draft_ratio = t_d / t_t
 
     def begin(self, context: Sequence[int]) -> None:
-        self.draft.truncate(self.state, 0)
+        # nothing to reset: the next sync() trims the draft cache to its common prefix with
+        # the new context, so a shared system prompt is not recomputed
+        pass
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         self._update_costs()

@@ -128,9 +128,9 @@ class NgramDrafter(Drafter):
         self._last_bucket = bucket
         return DraftTree.chain(self._ctx[start : start + k], source=self.name)
 
-    def observe_step(self, drafted: int, seconds: float) -> None:
+    def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
         if self._last_bucket is not None:
-            self.by_bucket[self._last_bucket].observe_step(drafted, seconds)
+            self.by_bucket[self._last_bucket].observe_step(drafted, seconds, committed)
 
     def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
         super().feedback(tree, accepted_nodes, bonus)
