@@ -75,6 +75,9 @@ def _run(backend, stream, **kw):
 def test_beta0_is_token_identical_to_ar_retranslation(hf_smol, stream):
     ar = _run(hf_smol, stream, baseline=True)
     sd = _run(hf_smol, stream, beta=0.0)
+    full = _run(hf_smol, stream, beta=0.0, chunked=False)  # the paper's single-pass draft
+    assert [u.token_ids for u in full.updates] == [u.token_ids for u in ar.updates]
+    full.close()
     assert [u.token_ids for u in sd.updates] == [u.token_ids for u in ar.updates]
     m_ar, m_sd = ar.metrics(), sd.metrics()
     # SmolLM2 rewrites its "translation" a lot, but recycled spans of it still save passes
@@ -85,13 +88,17 @@ def test_beta0_is_token_identical_to_ar_retranslation(hf_smol, stream):
     sd.close()
 
 
-def test_unchanged_source_is_verified_in_one_pass(hf_smol):
-    s = ReTranslator(hf_smol, target_lang="de", max_tokens=32, beta=0.0)
+@pytest.mark.parametrize("chunked", [True, False])
+def test_unchanged_source_is_verified_in_one_pass(hf_smol, chunked):
+    s = ReTranslator(hf_smol, target_lang="de", max_tokens=32, beta=0.0, chunked=chunked)
     first = s.update("Good morning, everybody.")
     again = s.update("Good morning, everybody.")  # e.g. a silence: the same partial again
     assert again.token_ids == first.token_ids
     assert again.drafted == again.accepted == len(first.token_ids)
-    assert again.target_forwards == 1  # the whole previous output accepted in one pass
+    if chunked:  # cost-curve-sized chunks, every one accepted whole
+        assert again.target_forwards <= len(first.token_ids) // 4
+    else:  # the paper's single pass: the whole previous output accepted at once
+        assert again.target_forwards == 1
     s.close()
 
 

@@ -4,14 +4,19 @@ Streaming sessions (SSBD re-translation, PredGen input-time speculation) regener
 output every time the input grows, and the new output mostly repeats the old one. This drafter
 turns that into drafts at no model cost:
 
-1. **First step: the whole previous output** (``source="history"``), verified in one target
-   pass. Sessions pair it with a rule that may bias acceptance towards it (SSBD eq. 5 via
-   ``SourceRule``) or accept it from the target's top-k (PredGen).
-2. **After the first divergence: recycling.** The old output often resumes a few tokens after
-   the point where the new one departs from it (a word inserted, a phrase reordered). An
-   ``NgramDrafter`` over ``previous output + [separator] + context`` finds the longest match of
-   what has been produced since and proposes what followed it (``source="recycled"``);
-   recycled drafts are verified losslessly unless a session's rule says otherwise.
+1. **The previous output, while the new output follows it** (``source="history"``). The paper
+   (SSBD Algorithm 1) verifies the whole previous output in one pass (``chunked=False``). On a
+   CPU a k-token verification costs far more than one step (t(32)/t(1) ≈ 14 on llama.cpp), so
+   by default the previous output is drafted in *chunks* whose length an ``AdaptiveLength``
+   controller picks from the measured cost curve and the measured acceptance; the next chunk
+   continues as long as every token produced so far equals the previous output (accepted
+   drafts, and bonus tokens that happen to agree). Sessions pair it with a rule that may bias
+   acceptance towards it (SSBD eq. 5 via ``SourceRule``) or accept from the top-k (PredGen).
+2. **After a divergence: recycling.** The old output often resumes a few tokens after the point
+   where the new one departs from it (a word inserted, a phrase reordered). An ``NgramDrafter``
+   over ``previous output + [separator] + context`` finds the longest match of what has been
+   produced and proposes what followed it (``source="recycled"``), verified losslessly unless a
+   session's rule says otherwise.
 """
 
 from __future__ import annotations
@@ -30,23 +35,33 @@ _SEPARATOR = -1
 class HistoryDrafter(Drafter):
     name = "history"
 
-    def __init__(self, recycle: bool = True, max_history: int = 1024):
-        super().__init__(AdaptiveConfig(fixed=True, max_len=max_history))
+    def __init__(
+        self,
+        recycle: bool = True,
+        chunked: bool = True,
+        max_history: int = 1024,
+        chunk: AdaptiveConfig | None = None,
+    ):
+        super().__init__(chunk or AdaptiveConfig(max_len=64, prior_alpha=0.85))
+        self.chunked = chunked
         self.history: list[int] = []
-        self.forced = 0
+        self.forced = self.first_chunk = 0
         self.max_history = max_history
         self.recycler = NgramDrafter() if recycle else None
-        self._first = True
-        self._recycled = False
+        self._start = 0
+        self._last = ""  # source of the last proposal: "history", "recycled" or ""
 
-    def set_history(self, tokens: Sequence[int], forced: int = 0) -> None:
+    def set_history(self, tokens: Sequence[int], forced: int = 0, first_chunk: int = 0) -> None:
         """The previous output (token ids, without end-of-sequence) to draft from.
 
         The first ``forced`` tokens are tagged ``forced`` instead of ``history``, for a rule
-        that accepts them without looking (PredGen's reflection verifier).
+        that accepts them without looking (PredGen's reflection verifier). The first chunk
+        holds at least ``max(forced, first_chunk)`` tokens (PredGen verifies the whole first
+        sentence in one pass: that is what decides whether its audio can play at once).
         """
         self.history = [int(t) for t in tokens][: self.max_history]
         self.forced = max(0, min(int(forced), len(self.history)))
+        self.first_chunk = max(self.forced, int(first_chunk))
 
     def bind(self, target: Backend) -> None:
         super().bind(target)
@@ -54,18 +69,31 @@ class HistoryDrafter(Drafter):
             self.recycler.bind(target)
 
     def begin(self, context: Sequence[int]) -> None:
-        self._first = True
+        self._start = len(context)
         if self.recycler is not None:
             self.recycler.begin([*self.history, _SEPARATOR, *context])
 
+    def _aligned(self, produced: Sequence[int]) -> bool:
+        n = len(produced)
+        return n < len(self.history) and list(produced) == self.history[:n]
+
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
-        self._recycled = False
-        if self._first:
-            self._first = False
-            if self.history:
-                tree = DraftTree.chain(self.history[:budget], source="history")
-                if tree.sources is not None:
-                    tree.sources[: self.forced] = ["forced"] * min(self.forced, len(tree))
+        self._last = ""
+        produced = context[self._start :]
+        if self.history and self._aligned(produced):
+            pos = len(produced)
+            if self.chunked:
+                k = self.adaptive.length()
+                k = max(k, self.first_chunk - pos)  # forced tokens / a first sentence: one chunk
+            else:
+                k = len(self.history)
+            k = min(k, budget, len(self.history) - pos)
+            if k > 0:
+                tree = DraftTree.chain(self.history[pos : pos + k], source="history")
+                if tree.sources is not None and pos < self.forced:
+                    n = min(self.forced - pos, k)
+                    tree.sources[:n] = ["forced"] * n
+                self._last = "history"
                 return tree
         if self.recycler is None or not self.history:
             return DraftTree()
@@ -75,13 +103,17 @@ class HistoryDrafter(Drafter):
             toks = toks[: toks.index(_SEPARATOR)]
         if not toks:
             return DraftTree()
-        self._recycled = True
+        self._last = "recycled"
         return DraftTree.chain(toks, source="recycled")
 
     def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
-        if self._recycled and self.recycler is not None:
+        if self._last == "history" and self.chunked:
+            self.adaptive.update(tree.max_depth(), len(accepted_nodes))
+        elif self._last == "recycled" and self.recycler is not None:
             self.recycler.feedback(tree, accepted_nodes, bonus)
 
     def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
-        if self._recycled and self.recycler is not None:
+        if self._last == "history" and self.chunked:
+            self.adaptive.observe_step(drafted, seconds, committed)
+        elif self._last == "recycled" and self.recycler is not None:
             self.recycler.observe_step(drafted, seconds, committed)

@@ -27,6 +27,9 @@ def add_retranslate_parser(subparsers: Any) -> None:
         help="mask-k on the display only (default) or also trim the draft (--no-display-only)",
     )
     p.add_argument("--no-recycle", action="store_true", help="no recycled drafts after a divergence")
+    p.add_argument(
+        "--full-draft", action="store_true", help="verify the whole previous output in one pass (paper)"
+    )
     p.add_argument("--baseline", action="store_true", help="plain autoregressive re-translation")
     p.add_argument("--lag-k", type=int, default=3, help="source arrives this many words per update")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -51,6 +54,7 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
         display_only=args.display_only,
         baseline=args.baseline,
         recycle=not args.no_recycle,
+        chunked=not args.full_draft,
         max_tokens=args.max_tokens,
     )
     cfg.validate()  # before the model loads

@@ -172,14 +172,16 @@ class PredictiveResponder:
         prompt = self.prompt_ids(partial)
         judge_forwards = 0
         if self.drafter is not None:
-            forced = 0
+            forced = first = 0
             old_text = self.tok.decode(self.candidate)
             end = first_sentence_end(old_text)
-            if self.kind == "reflection" and end > 0:
-                judge_forwards = 1
-                if self._judge(partial, old_text[:end]):
-                    forced = self._tokens_covering(self.candidate, end)
-            self.drafter.set_history(self.candidate, forced=forced)
+            if end > 0:
+                first = self._tokens_covering(self.candidate, end)
+                if self.kind == "reflection":
+                    judge_forwards = 1
+                    if self._judge(partial, old_text[:end]):
+                        forced = first
+            self.drafter.set_history(self.candidate, forced=forced, first_chunk=first)
         gen = GenerationConfig(max_tokens=self.cfg.max_tokens, max_draft_nodes=512)
         out: list[int] = []
         first_end, first_at, first_fw, extra = -1, None, 0, 0

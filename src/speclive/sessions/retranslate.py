@@ -88,6 +88,9 @@ class RetranslateConfig:
     baseline: bool = False
     #: after a divergence, draft recycled spans of the previous output
     recycle: bool = True
+    #: draft the previous output in cost-curve-sized chunks (False: all of it in one pass, as
+    #: SSBD's Algorithm 1 -- on a CPU a long verification costs nearly as much as AR steps)
+    chunked: bool = True
     max_tokens: int = 256
 
     def validate(self) -> None:
@@ -117,7 +120,7 @@ class ReTranslator:
         if cfg.baseline:
             self.drafter, rule = None, GreedyRule()
         else:
-            self.drafter = HistoryDrafter(recycle=cfg.recycle)
+            self.drafter = HistoryDrafter(recycle=cfg.recycle, chunked=cfg.chunked)
             rule = SourceRule({"history": BiasedRule(cfg.beta)}) if cfg.beta > 0 else GreedyRule()
         self.decoder = SpeculativeDecoder(model, self.drafter, rule)
         self.system = SYSTEM_PROMPT.format(language=LANGUAGES[cfg.target_lang])
