@@ -45,24 +45,3 @@ def test_buckets_learn_separately():
     assert long_b.length() == 8
     assert short_b.alpha < 0.05 and long_b.alpha > 0.95
 
-
-def test_measured_slow_drafting_switches_off_and_probes():
-    """A drafter whose measured steps are slower per token than plain decoding goes off,
-    whatever its acceptance, and only probes with growing gaps."""
-    from speclive.drafting.base import AdaptiveLength
-
-    cost = CostModel({1: 1.0, 64: 1.0})
-    cost.observe(1, 0.05)  # one target step: 50 ms
-    a = AdaptiveLength(AdaptiveConfig(max_len=4, prior_alpha=0.99, probe_after=4))
-    a.target_cost = cost
-    assert a.length() == 4  # the model alone says: draft
-    for _ in range(10):
-        a.update(4, 4)
-        a.observe_step(4, 0.4, committed=5)  # 80 ms per token: slower than 50 ms AR
-    lengths = [a.length() for _ in range(40)]
-    assert lengths.count(0) >= 36 and a.off  # off, with probes only
-    probes = [i for i, k in enumerate(lengths) if k]
-    assert len(probes) >= 2 and probes[1] - probes[0] > probes[0]  # growing back-off
-    for _ in range(20):
-        a.observe_step(4, 0.1, committed=5)  # now 20 ms per token: pays
-    assert a.length() == 4 and not a.off

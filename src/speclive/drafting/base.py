@@ -57,7 +57,6 @@ class AdaptiveLength:
         # (draft-cache sync, Python, logits copies), the measurement does not
         self._obs_s: float | None = None
         self._pred_s: float | None = None
-        self._spt: float | None = None  # measured seconds per committed token when drafting
 
     def _model_cost(self, k: int) -> float:
         """Modelled cost of a step drafting ``k`` tokens, in target single-step units."""
@@ -86,18 +85,6 @@ class AdaptiveLength:
         e = self.cfg.ema
         self._obs_s = seconds if self._obs_s is None else (1 - e) * self._obs_s + e * seconds
         self._pred_s = pred if self._pred_s is None else (1 - e) * self._pred_s + e * pred
-        spt = seconds / max(1, committed)
-        self._spt = spt if self._spt is None else (1 - e) * self._spt + e * spt
-
-    def realized_ok(self) -> bool:
-        """Measured seconds per committed token of drafting steps beat plain decoding (one
-        target step per token) by ``min_gain`` -- or nothing has been measured yet. This is the
-        last word: whatever the model predicts, a drafter that is measured slower stays off
-        (probing with back-off) and so never costs more than its probes."""
-        t1 = self.target_cost.step_seconds() if self.target_cost else None
-        if self._spt is None or not t1 or self.cfg.fixed:
-            return True
-        return self._spt * self.cfg.min_gain <= t1
 
     def best_length(self) -> int:
         if self.cfg.fixed:
@@ -112,7 +99,7 @@ class AdaptiveLength:
     def length(self) -> int:
         """Draft length to use for the next step (0 = do not draft)."""
         k = self.best_length()
-        if k > 0 and self.realized_ok():
+        if k > 0:
             self.off = False
             self._backoff = self.cfg.probe_after
             return k
