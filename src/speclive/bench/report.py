@@ -14,7 +14,7 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -139,6 +139,24 @@ def write_json(path: Path, data: Any) -> Path:
     tmp.write_text(json.dumps(_jsonable(data), indent=1) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def write_result_files(
+    result: Any,
+    out: Path,
+    stem: str,
+    markdown: Callable[[Any], str],
+    plot: Callable[[Path, Any], Path] | None,
+) -> list[Path]:
+    """``<stem>.json`` (everything), ``<stem>.md`` (tables) and, with ``plot``, ``<stem>.png``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [write_json(out / f"{stem}.json", result)]
+    md = out / f"{stem}.md"
+    md.write_text(markdown(result) + "\n")
+    paths.append(md)
+    if plot is not None:
+        paths.append(plot(out / f"{stem}.png", result))
+    return paths
 
 
 def _fmt(v: Any, digits: int = 2) -> str:

@@ -295,11 +295,4 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
 
 
 def write_outputs(result: dict[str, Any], out: Path, tag: str, plot_it: bool = True) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [report.write_json(out / f"retranslate-{tag}.json", result)]
-    md = out / f"retranslate-{tag}.md"
-    md.write_text(markdown(result) + "\n")
-    paths.append(md)
-    if plot_it:
-        paths.append(plot(out / f"retranslate-{tag}.png", result))
-    return paths
+    return report.write_result_files(result, out, f"retranslate-{tag}", markdown, plot if plot_it else None)
