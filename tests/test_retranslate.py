@@ -94,10 +94,11 @@ def test_unchanged_source_is_verified_in_one_pass(hf_smol, chunked):
     first = s.update("Good morning, everybody.")
     again = s.update("Good morning, everybody.")  # e.g. a silence: the same partial again
     assert again.token_ids == first.token_ids
-    assert again.drafted == again.accepted == len(first.token_ids)
-    if chunked:  # cost-curve-sized chunks, every one accepted whole
-        assert again.target_forwards <= len(first.token_ids) // 4
+    if chunked:  # cost-curve-sized chunks (their length depends on measured costs): all accepted
+        assert again.drafted == again.accepted > 0
+        assert again.target_forwards < len(first.token_ids)
     else:  # the paper's single pass: the whole previous output accepted at once
+        assert again.drafted == again.accepted == len(first.token_ids)
         assert again.target_forwards == 1
     s.close()
 
