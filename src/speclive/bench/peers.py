@@ -20,6 +20,7 @@ import os
 import subprocess
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,14 +50,14 @@ def strip_eos(ids: Sequence[int], eos: Collection[int], max_tokens: int) -> tupl
     return out, "length" if len(out) >= max_tokens else "other"
 
 
-class Peer:
+class Peer(ABC):
     """A generator to compare with: ``generate(prompt_ids, max_tokens) -> PeerOutput``."""
 
     name = "peer"
     backend = "none"
 
-    def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> PeerOutput:
-        raise NotImplementedError
+    @abstractmethod
+    def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> PeerOutput: ...
 
     def close(self) -> None:
         """Free what the peer holds."""
