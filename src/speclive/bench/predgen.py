@@ -248,9 +248,7 @@ COLUMNS = [
 
 def markdown(result: dict[str, Any]) -> str:
     h = result["header"]
-    lines = ["# speclive PredGen benchmark (voice chat, MT-Bench)", ""]
-    lines += [f"- {x}" for x in report.header_lines(h)]
-    lines += ["", "Reproduce with:", "", "```", h.get("command", ""), "```", ""]
+    lines = report.markdown_preamble("speclive PredGen benchmark (voice chat, MT-Bench)", h)
     lines += [
         "Each question is spoken at the given characters per minute (whole words only); latencies are "
         "measured from the end of the user's input with an honest clock (speculation that overruns the "

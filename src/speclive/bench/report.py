@@ -141,6 +141,12 @@ def write_json(path: Path, data: Any) -> Path:
     return path
 
 
+def markdown_preamble(title: str, header: Mapping[str, Any]) -> list[str]:
+    """Title, the run header as a list and the command that reproduces the run."""
+    lines = [f"# {title}", ""] + [f"- {x}" for x in header_lines(header)]
+    return lines + ["", "Reproduce with:", "", "```", header.get("command", ""), "```", ""]
+
+
 def write_result_files(
     result: Any,
     out: Path,

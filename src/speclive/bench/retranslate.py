@@ -235,9 +235,7 @@ COLUMNS = [
 
 def markdown(result: dict[str, Any]) -> str:
     h = result["header"]
-    lines = ["# speclive re-translation benchmark (SSBD)", ""]
-    lines += [f"- {x}" for x in report.header_lines(h)]
-    lines += ["", "Reproduce with:", "", "```", h.get("command", ""), "```", ""]
+    lines = report.markdown_preamble("speclive re-translation benchmark (SSBD)", h)
     lines += [
         "Streams: MT-Bench first-turn questions split into sentences, fed as lag-k word increments. "
         "*NE* = normalized erasure of the displayed text (words; characters for zh/ja); *A/D* = accepted / "
