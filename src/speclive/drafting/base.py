@@ -137,6 +137,9 @@ class Drafter(ABC):
     def __init__(self, adaptive: AdaptiveConfig | None = None):
         self.adaptive = AdaptiveLength(adaptive)
         self.target: Backend | None = None
+        #: seconds of one-off work inside the last ``propose`` (a draft cache catching up on a
+        #: new prompt or after a pause); kept out of the per-step cost the controller learns
+        self.oneoff_s = 0.0
 
     def bind(self, target: Backend) -> None:
         """Called by the decoder before a generation: the target whose cost curve to read."""
@@ -155,8 +158,14 @@ class Drafter(ABC):
         self.adaptive.update(tree.max_depth(), len(accepted_nodes))
 
     def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
-        """Wall time of the last step (drafting + verification), for the adaptive controller."""
-        self.adaptive.observe_step(drafted, seconds, committed)
+        """Wall time of the last step (drafting + verification), for the adaptive controller.
+
+        One-off catch-up work reported in ``oneoff_s`` is subtracted: it is paid once per prompt
+        or pause, and folding it into the per-step cost would switch a useful drafter off.
+        """
+        seconds, self.oneoff_s = seconds - self.oneoff_s, 0.0
+        if seconds > 0:
+            self.adaptive.observe_step(drafted, seconds, committed)
 
     def close(self) -> None:
         """Free held resources (draft model states)."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from speclive.backends.base import Backend
 from speclive.drafting.base import AdaptiveConfig, Drafter
-from speclive.drafting.model import draft_chain
+from speclive.drafting.model import DEFAULT_WINDOW, draft_chain, timed_sync, window_start
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError
 from speclive.tokenizer import Tokenizer
@@ -44,20 +44,25 @@ class CrossVocabDrafter(Drafter):
         threshold: float = 0.4,
         tail_tokens: int = 4,
         adaptive: AdaptiveConfig | None = None,
+        window: int | None = DEFAULT_WINDOW,
     ):
         if not 0.0 <= threshold < 1.0:
             raise ConfigError(f"confidence threshold must be in [0, 1), got {threshold}")
+        if window is not None and window < 1:
+            raise ConfigError(f"draft context window must be >= 1 token (or None), got {window}")
         super().__init__(adaptive or AdaptiveConfig(max_len=max_len, prior_alpha=0.6))
         self.draft = draft
         self.threshold = threshold
         self.tail_tokens = tail_tokens
         self.state = draft.new_state()
+        self.window = window
+        self._start = 0
         self.detail = f"draft={draft.name}"
 
     def begin(self, context: Sequence[int]) -> None:
-        # nothing to reset: the next sync() trims the draft cache to its common prefix with
-        # the new context, so a shared system prompt is not recomputed
-        pass
+        # the window (in target tokens, fixed per generation) keeps the draft's prefill short;
+        # see drafting/model.py
+        self._start = window_start(context, self.window)
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         assert self.target is not None, "bind() the drafter to a target first"
@@ -69,11 +74,11 @@ class CrossVocabDrafter(Drafter):
         if k <= 0:
             return DraftTree()
         tt: Tokenizer = self.target.tokenizer
-        text = tt.decode(context, skip_special_tokens=False)
+        text = tt.decode(context[self._start :], skip_special_tokens=False)
         draft_ids = self.draft.tokenizer.encode(text)
         if not draft_ids:
             return DraftTree()
-        logits = self.draft.sync(self.state, draft_ids)[-1]
+        logits = timed_sync(self, self.draft, self.state, draft_ids)[-1]
         # draft one token more than needed: the last target token is dropped below
         d = draft_chain(self.draft, self.state, logits, k + 1, self.threshold)
         if not d.tokens:
