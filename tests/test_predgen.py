@@ -101,7 +101,8 @@ def test_greedy_reproduces_the_cascade_exactly(hf_smol):
         pred, tl, s = _answer(hf_smol, prompt, verifier="greedy")
         assert pred.token_ids == base.token_ids, prompt
         assert pred.response == base.response and pred.first_sentence == base.first_sentence
-        assert len(tl["updates"]) >= 2  # it really speculated on partial prompts
+        # it speculated on partial prompts (how many depends on the machine's speed)
+        assert tl["updates"] and tl["updates"][0]["words"] < len(prompt.split())
         drafted += sum(u.drafted for u in s.updates)
         accepted += sum(u.accepted for u in s.updates)
     # earlier candidates were drafted and (SmolLM2 changes its mind a lot) some were reused
@@ -126,6 +127,35 @@ def test_presynthesized_audio_is_used_when_the_first_sentence_survives(hf_smol, 
     assert b.audio_latency_s == pytest.approx(b.ttfs_s + b.first_audio.synth_s)
     assert b.token_ids == resp.token_ids
     base.close()
+
+
+def test_deadline_yields_and_the_next_update_reuses_the_partial_candidate(hf_smol, piper):
+    prompt = PROMPTS[1]
+    s = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False)
+    u = s.update(prompt, deadline=time.perf_counter())  # newer input is already waiting
+    assert 1 <= len(s.candidate) < 40 and u.first_sentence == "" and s.presynth is None
+    partial = list(s.candidate)
+    u2 = s.update(prompt)  # no deadline: verifies the partial candidate, finishes the sentence
+    assert s.candidate[: len(partial)] == partial and u2.accepted >= len(partial) - 1
+    assert u2.first_sentence and s.presynth is not None
+    resp = s.finish(prompt)
+    base = PredictiveResponder(hf_smol, max_tokens=40, speak_rest=False, baseline=True)
+    assert resp.token_ids == base.finish(prompt).token_ids and resp.presynth_used
+    s.close()
+    base.close()
+
+
+def test_simulated_user_passes_the_next_arrival_as_deadline():
+    class _Yielding(_Recorder):
+        supports_deadline = True
+
+        def update(self, partial, deadline=None):
+            self.calls.append((partial, deadline - time.perf_counter()))
+
+    rec = _Yielding(0.0)
+    simulate_user(rec, "a b c d", cpm=600)  # words end at 0.1, 0.3, 0.5, 0.7 s
+    assert [c[0] for c in rec.calls[:3]] == ["a", "a b", "a b c"]
+    assert [round(c[1], 1) for c in rec.calls[:3]] == [0.2, 0.2, 0.2]
 
 
 @pytest.mark.parametrize("verifier", ["topk:3", "reflection"])

@@ -143,6 +143,7 @@ class PredictiveResponder:
         self.updates: list[CandidateUpdate] = []
         self.partial = ""
         self.finished = False
+        self._synth_per_char: float | None = None
 
     # ---- prompts -------------------------------------------------------------------------
     def prompt_ids(self, partial: str) -> list[int]:
@@ -165,9 +166,11 @@ class PredictiveResponder:
         return float(np.max(row[self._yes])) > float(np.max(row[self._no]))
 
     # ---- the engine run shared by update and finish ---------------------------------------
-    def _run(self, partial: str, final: bool) -> dict:
+    def _run(self, partial: str, final: bool, deadline: float | None = None) -> dict:
         """Verify the candidate against ``partial`` and generate; stop after the first sentence
-        (+ lookahead) unless ``final``. Returns what happened, with first-sentence timings."""
+        (+ lookahead) unless ``final``, or at ``deadline`` (a ``time.perf_counter()`` value:
+        newer input has arrived, so this speculation is stale). Returns what happened, with
+        first-sentence timings."""
         t0 = time.perf_counter()
         prompt = self.prompt_ids(partial)
         judge_forwards = 0
@@ -200,10 +203,25 @@ class PredictiveResponder:
                     extra += len(ev.tokens)
                 if first_end >= 0 and not final and extra >= self.cfg.lookahead:
                     break
+                if deadline is not None and not final and time.perf_counter() >= deadline:
+                    break  # the partial candidate is kept: the next update verifies and extends it
         finally:
             events.close()
         stats = self.decoder.last_stats
         text = self.tok.decode(out)
+        if first_end < 0 and not final and not stats.finish_reason:
+            # interrupted before the first sentence was complete: nothing to pre-synthesize
+            return {
+                "t0": t0,
+                "ids": out,
+                "text": text,
+                "first": "",
+                "first_at": None,
+                "first_forwards": 0,
+                "forwards": judge_forwards + stats.prefill_forwards + stats.target_forwards,
+                "drafted": sum(stats.drafted_by_source.get(s, 0) for s in ("history", "forced")),
+                "accepted": sum(stats.accepted_by_source.get(s, 0) for s in ("history", "forced")),
+            }
         if first_end < 0:  # the answer ended (or hit max_tokens) without a sentence end
             first_end = len(text.rstrip()) if text.strip() else -1
             first_at = time.perf_counter()
@@ -228,12 +246,31 @@ class PredictiveResponder:
         return len(ids)
 
     def _synthesize(self, sentence: str) -> Audio | None:
-        return self.tts.synthesize(sentence) if self.tts is not None and sentence else None
+        if self.tts is None or not sentence:
+            return None
+        audio = self.tts.synthesize(sentence)
+        per_char = audio.synth_s / max(1, len(sentence))
+        old = self._synth_per_char
+        self._synth_per_char = per_char if old is None else 0.7 * old + 0.3 * per_char
+        return audio
+
+    def _synth_estimate(self, sentence: str) -> float:
+        """Expected seconds to synthesize ``sentence`` (0 until the first synthesis measured it)."""
+        return (self._synth_per_char or 0.0) * len(sentence)
 
     # ---- the session protocol ------------------------------------------------------------
-    def update(self, partial: str) -> CandidateUpdate:
+    #: ``update`` takes a ``deadline`` (``simulate_user`` passes the next word's arrival)
+    supports_deadline = True
+
+    def update(self, partial: str, deadline: float | None = None) -> CandidateUpdate:
         """A new partial prompt: re-verify and extend the candidate, pre-synthesize its first
-        sentence if it changed."""
+        sentence if it changed.
+
+        ``deadline`` (a ``time.perf_counter()`` value) is when newer input will be waiting: the
+        speculation yields then, as a live session polling its input between target passes
+        would, keeping what it generated so far; the first sentence is pre-synthesized only if
+        the synthesis is expected to finish by then.
+        """
         if self.finished:
             raise SessionClosedError("update() after finish(): this PredGen session is closed")
         partial = " ".join(partial.split())
@@ -242,11 +279,13 @@ class PredictiveResponder:
             u = CandidateUpdate(partial, "", "")
             self.updates.append(u)
             return u
-        r = self._run(partial, final=False)  # may raise (e.g. too long): the session stays as it was
+        # may raise (e.g. too long): the session stays as it was
+        r = self._run(partial, final=False, deadline=deadline)
         self.partial = partial
         self.candidate = r["ids"]
         u = CandidateUpdate(partial, r["text"], r["first"], r["drafted"], r["accepted"], r["forwards"], 0.0)
-        if r["first"] and (self.presynth is None or self.presynth[0] != r["first"]):
+        fits = deadline is None or time.perf_counter() + self._synth_estimate(r["first"]) <= deadline
+        if r["first"] and fits and (self.presynth is None or self.presynth[0] != r["first"]):
             audio = self._synthesize(r["first"])
             if audio is not None:
                 self.presynth = (r["first"], audio)

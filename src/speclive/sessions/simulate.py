@@ -46,10 +46,11 @@ def simulate_user(session, text: str, cpm: float = 600.0) -> tuple[object, dict]
 
     An honest clock: a partial prompt (whole words only: the word being spoken is dropped)
     is available from the time its last word ends; each ``update`` takes the real time it
-    computes, and input that arrived meanwhile waits for the next poll. When the user is done,
-    ``finish`` starts as soon as the session is free: an update that overran the end of the
-    input delays it, and that wait is part of every latency. Returns ``finish()``'s result and
-    the timeline (virtual clock; idle gaps are skipped, not slept).
+    computes, and input that arrived meanwhile waits for the next poll. Sessions that support
+    it get a ``deadline`` (the next word's arrival) and may yield then, keeping their work.
+    When the user is done, ``finish`` starts as soon as the session is free: an update that
+    overran the end of the input delays it, and that wait is part of every latency. Returns
+    ``finish()``'s result and the timeline (virtual clock; idle gaps are skipped, not slept).
     """
     arrivals = word_arrivals(text, cpm)
     if not arrivals:
@@ -65,7 +66,11 @@ def simulate_user(session, text: str, cpm: float = 600.0) -> tuple[object, dict]
             now = arrivals[ready][1]
             continue
         t0 = time.perf_counter()
-        session.update(" ".join(words[:ready]))
+        if getattr(session, "supports_deadline", False):
+            # the session may yield when the next word ends (it would see new input then)
+            session.update(" ".join(words[:ready]), deadline=t0 + (arrivals[ready][1] - now))
+        else:
+            session.update(" ".join(words[:ready]))
         dt = time.perf_counter() - t0
         polls.append({"at_s": now, "words": ready, "compute_s": dt})
         now += dt
