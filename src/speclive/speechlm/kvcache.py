@@ -1,7 +1,7 @@
 """Paged KV cache in plain torch tensors: a block allocator, per-sequence block tables, and the
 attention call that writes new keys/values into their slots and gathers each sequence's context.
 
-Storage per layer is ``[n_blocks * block_size, heads, head_dim]``; a sequence owns a list of blocks
+Storage per layer is ``[n_blocks * block_size, 2 (k, v), heads, head_dim]``; a sequence owns a list of blocks
 (its block table) and its token ``j`` lives in slot ``table[j // B] * B + j % B``. One batched
 attention call serves every sequence of a step: queries are padded to the longest chunk, contexts
 to the longest sequence, and a boolean mask keeps each query to its own causal prefix.
@@ -59,9 +59,8 @@ class PagedKVCache:
     ) -> None:
         self.block_size = block_size
         self.allocator = BlockAllocator(n_blocks)
-        shape = (n_layers, n_blocks * block_size, n_heads, head_dim)
-        self.k = torch.zeros(shape)
-        self.v = torch.zeros(shape)
+        # keys and values side by side, so one index op writes (and one gathers) both
+        self.kv = torch.zeros((n_layers, n_blocks * block_size, 2, n_heads, head_dim))
 
     def blocks_needed(self, seq: SeqCache, new_length: int) -> int:
         return max(0, -(-new_length // self.block_size) - len(seq.blocks))
@@ -84,26 +83,23 @@ class PagedKVCache:
 
     def batch(self, seqs: list[SeqCache], n_new: list[int]) -> PagedAttention:
         """Attention for one step in which ``seqs[b]`` appends ``n_new[b]`` tokens (blocks reserved)."""
-        q_max = max(n_new)
-        ctx = [s.length + n for s, n in zip(seqs, n_new, strict=True)]
-        l_max = max(ctx)
-        gather = torch.zeros((len(seqs), l_max), dtype=torch.long)
-        write_slots, write_rows = [], []
-        for b, (s, n) in enumerate(zip(seqs, n_new, strict=True)):
-            all_slots = self.slots(s, 0, s.length + n)
-            gather[b, : s.length + n] = all_slots
-            write_slots.append(all_slots[s.length :])
-            write_rows.append(torch.arange(n) + b * q_max)
+        bs = self.block_size
+        new = torch.tensor(n_new)
         past = torch.tensor([s.length for s in seqs])
-        total = torch.tensor(ctx)
+        total = past + new
+        q_max, l_max = int(new.max()), int(total.max())
+        n_tab = max(len(s.blocks) for s in seqs)
+        table = torch.tensor([s.blocks + [0] * (n_tab - len(s.blocks)) for s in seqs], dtype=torch.long)
+        key_pos = torch.arange(l_max)
+        gather = table[:, key_pos // bs] * bs + key_pos % bs  # [B, L]; past the end: masked
         q_pos = past[:, None] + torch.arange(q_max)[None, :]  # absolute position of each query
-        key_pos = torch.arange(l_max)[None, None, :]
-        mask = (key_pos <= q_pos[:, :, None]) & (key_pos < total[:, None, None])
+        q_valid = torch.arange(q_max)[None, :] < new[:, None]
+        write_slots = gather.gather(1, q_pos.clamp_max(l_max - 1))[q_valid]
+        write_rows = torch.arange(len(seqs) * q_max).view(len(seqs), q_max)[q_valid]
+        mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < total[:, None, None])
         for s, n in zip(seqs, n_new, strict=True):
             s.length += n
-        return PagedAttention(
-            self, gather, torch.cat(write_slots), torch.cat(write_rows), mask[:, None], q_pos
-        )
+        return PagedAttention(self, gather, write_slots, write_rows, mask[:, None], q_pos)
 
 
 @dataclass
@@ -119,11 +115,11 @@ class PagedAttention:
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, n_q, h, d = k.shape
-        kc, vc = self.cache.k[layer], self.cache.v[layer]
-        kc.index_copy_(0, self.write_slots, k.reshape(b * n_q, h, d).index_select(0, self.write_rows))
-        vc.index_copy_(0, self.write_slots, v.reshape(b * n_q, h, d).index_select(0, self.write_rows))
-        keys = kc[self.gather].transpose(1, 2)  # [B, H, L, D]
-        vals = vc[self.gather].transpose(1, 2)
+        pool = self.cache.kv[layer]
+        new = torch.stack([k, v], 2).reshape(b * n_q, 2, h, d).index_select(0, self.write_rows)
+        pool.index_copy_(0, self.write_slots, new)
+        ctx = pool[self.gather]  # [B, L, 2, H, D]
+        keys, vals = ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2)  # [B, H, L, D]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=self.mask)
         return out.transpose(1, 2)
 

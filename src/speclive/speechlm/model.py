@@ -12,6 +12,7 @@ Any model with the same small surface (``embed``, ``backbone``, ``heads``, row i
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,10 +66,15 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+@functools.lru_cache(maxsize=8)
+def _freqs(half: int, theta: float) -> torch.Tensor:
+    return theta ** (-torch.arange(half, dtype=torch.float32) / half)
+
+
 def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding of ``x[B, Q, H, D]`` at ``positions[B, Q]`` (half-split convention)."""
     half = x.shape[-1] // 2
-    freq = theta ** (-torch.arange(half, dtype=torch.float32) / half)
+    freq = _freqs(half, theta)
     ang = positions[..., None].float() * freq  # [B, Q, half]
     cos, sin = ang.cos()[:, :, None], ang.sin()[:, :, None]
     a, b = x[..., :half], x[..., half:]

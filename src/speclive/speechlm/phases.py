@@ -17,12 +17,12 @@ grid is complete for de-interleaving.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from speclive.speechlm.delay import stream_active
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     TEXT = "text"
     TRANSITION = "transition"
     AUDIO = "audio"
@@ -30,7 +30,7 @@ class Phase(str, Enum):
     DONE = "done"
 
 
-class Region(str, Enum):
+class Region(StrEnum):
     TEXT = "text"
     AUDIO = "audio"
 

@@ -12,6 +12,7 @@ distribution: which region holds the largest logit.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -56,14 +57,20 @@ class VocabLayout:
         """Per row: the region holding the largest logit (text vs any real audio code)."""
         text_max = logits[:, : self.text_size].amax(-1)
         audio_max = self.audio_view(logits).amax((-1, -2))
-        return [Region.AUDIO if a > t else Region.TEXT for t, a in zip(text_max.tolist(), audio_max.tolist())]
+        pairs = zip(text_max.tolist(), audio_max.tolist(), strict=True)
+        return [Region.AUDIO if a > t else Region.TEXT for t, a in pairs]
 
     def text_mask(self) -> torch.Tensor:
         """Ids the text phase may sample: bytes and EOS (bridges are forced, never sampled)."""
-        m = torch.zeros(self.size, dtype=torch.bool)
-        m[:N_BYTES] = True
-        m[EOS] = True
-        return m
+        return _text_mask(self.size)
+
+
+@functools.lru_cache(maxsize=8)
+def _text_mask(size: int) -> torch.Tensor:
+    m = torch.zeros(size, dtype=torch.bool)
+    m[:N_BYTES] = True
+    m[EOS] = True
+    return m
 
 
 def encode_text(text: str) -> list[int]:
