@@ -179,9 +179,11 @@ class EngineCore:
         """One batched forward; returns each sequence's last new hidden state ``[B, d]``."""
         n_new = [n for _, n in seqs]
         q_max, s_width = max(n_new), self.model.n_streams
-        rows = torch.full((len(seqs), q_max, s_width), -1, dtype=torch.long)
-        for b, (s, n) in enumerate(seqs):
-            rows[b, :n] = torch.tensor(s.rows[s.cache.length : s.cache.length + n])
+        empty = [-1] * s_width
+        rows = torch.tensor(
+            [s.rows[s.cache.length : s.cache.length + n] + [empty] * (q_max - n) for s, n in seqs],
+            dtype=torch.long,
+        )
         cond = self._batch_cond([s for s, _ in seqs])
         attn = self.cache.batch([s.cache for s, _ in seqs], n_new)
         with torch.inference_mode():
@@ -212,7 +214,12 @@ class EngineCore:
                 uncond = self.model.heads(torch.stack([r.companion.last_hidden for r in guided]))
             pos = {id(r): j for j, r in enumerate(guided)}
             ems = steplib.decide(
-                self.model, [r.slot for r in ready], cond, uncond, [pos.get(id(r)) for r in ready]
+                self.model,
+                [r.slot for r in ready],
+                cond,
+                uncond,
+                [pos.get(id(r)) for r in ready],
+                keep_logits=self.record_logits,
             )
         events: list[Event] = []
         for req, em in zip(ready, ems, strict=True):

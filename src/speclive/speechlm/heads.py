@@ -28,12 +28,23 @@ class CodebookHeads(nn.Module):
         self.layout = layout
         self.proj = nn.Linear(d_model, layout.size, bias=False)  # W_H, shared
         self.stream_emb = nn.Parameter(torch.randn(layout.n_streams, d_model) * 0.02)  # e_i
+        self._aux_cache: tuple[int, torch.Tensor] | None = None
+
+    def _aux_weight(self) -> torch.Tensor:
+        """``W_H`` rows of the auxiliary streams' codes as one ``[S-1, d, K]`` operand (cached per
+        weight version: it is a copy)."""
+        w = self.proj.weight
+        if self._aux_cache is None or self._aux_cache[0] != w._version:
+            lay = self.layout
+            s, k = lay.n_streams, lay.codebook_size
+            with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable anywhere
+                aux = w[lay.text_size :].view(s, k + 1, -1)[1:, :k].transpose(1, 2).contiguous()
+            self._aux_cache = (w._version, aux)
+        return self._aux_cache[1]
 
     def forward(self, h: torch.Tensor) -> HeadLogits:
         lay = self.layout
         primary = self.proj(h + self.stream_emb[0])
-        s, k = lay.n_streams, lay.codebook_size
-        w_audio = self.proj.weight[lay.text_size :].view(s, k + 1, -1)[:, :k]  # [S, K, d] view
-        aux = torch.einsum("nsd,skd->nsk", h[:, None, :] + self.stream_emb[1:], w_audio[1:])
+        aux = torch.bmm((h[None, :, :] + self.stream_emb[1:, None, :]), self._aux_weight()).transpose(0, 1)
         streams = torch.cat([lay.audio_view(primary)[:, :1], aux], 1)
         return HeadLogits(primary, streams)

@@ -118,7 +118,7 @@ class PagedAttention:
         pool = self.cache.kv[layer]
         new = torch.stack([k, v], 2).reshape(b * n_q, 2, h, d).index_select(0, self.write_rows)
         pool.index_copy_(0, self.write_slots, new)
-        ctx = pool[self.gather]  # [B, L, 2, H, D]
+        ctx = pool.index_select(0, self.gather.view(-1)).view(*self.gather.shape, 2, h, d)  # [B, L, 2, H, D]
         keys, vals = ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2)  # [B, H, L, D]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=self.mask)
         return out.transpose(1, 2)

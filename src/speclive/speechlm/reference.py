@@ -8,6 +8,7 @@ preemption and CFG pairing. It is also the sequential baseline of ``speclive ben
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,8 @@ class ReferenceResult:
     logits: list[torch.Tensor] = field(default_factory=list)
     n_forward_rows: int = 0  #: generated rows fed back (decode tokens of the main sequence)
     n_prompt: int = 0
+    prefill_s: float = 0.0  #: seconds to the first sampling step
+    decode_s: float = 0.0  #: seconds of the decode loop
 
 
 class _Runner:
@@ -50,6 +53,7 @@ def reference_generate(
     null_cond: torch.Tensor | None = None,
 ) -> ReferenceResult:
     params.validate()
+    t0 = time.perf_counter()
     slot = steplib.Slot(
         PhaseState(steplib.phase_config(model, params)), params, torch.Generator().manual_seed(params.seed)
     )
@@ -62,6 +66,8 @@ def reference_generate(
         comp = _Runner(model, null_cond)
         hu = comp.feed(model.null_prompt())
     res = ReferenceResult([], [], torch.zeros(model.n_streams, 0, dtype=torch.long), n_prompt=len(prompt))
+    t1 = time.perf_counter()
+    res.prefill_s = t1 - t0
     while True:
         lc: HeadLogits = model.heads(h[None])
         lu = model.heads(hu[None]) if comp is not None else None
@@ -79,6 +85,7 @@ def reference_generate(
         res.n_forward_rows += 1
         if comp is not None:
             hu = comp.feed([row])
+    res.decode_s = time.perf_counter() - t1
     if slot.state.done and res.rows:
         grid = torch.tensor([[-1 if c is None else c for c in r] for r in res.rows])
         res.codes = deinterleave(grid, -1)

@@ -38,10 +38,16 @@ def text_mask_for(model) -> torch.Tensor | None:
 
 
 def decide(
-    model, slots: list[Slot], cond: HeadLogits, uncond: HeadLogits | None, uncond_rows: list[int | None]
+    model,
+    slots: list[Slot],
+    cond: HeadLogits,
+    uncond: HeadLogits | None,
+    uncond_rows: list[int | None],
+    keep_logits: bool = True,
 ) -> list[Emission]:
     """Emissions for ``slots`` given their conditional logits (row b) and, for guided requests,
-    the companion's logits (row ``uncond_rows[b]`` of ``uncond``)."""
+    the companion's logits (row ``uncond_rows[b]`` of ``uncond``). ``keep_logits``: attach the
+    logits each emission was sampled from (for numerical comparisons)."""
     n_streams = model.n_streams
     regions = model.layout.argmax_regions(cond.primary) if model.has_text else [None] * len(slots)
     plans = [phases.plan(s.state, r) for s, r in zip(slots, regions, strict=True)]
@@ -59,7 +65,7 @@ def decide(
             torch.stack([uniforms[b][0] for b in text_idx]),
         ).tolist()
         for j, b in enumerate(text_idx):
-            out[b] = Emission("text", token=toks[j], logits=logits[j])
+            out[b] = Emission("text", token=toks[j], logits=logits[j] if keep_logits else None)
 
     audio_idx = [b for b, p in enumerate(plans) if p.kind == "audio"]
     if audio_idx:
@@ -78,10 +84,9 @@ def decide(
             rep([slots[b].params.audio_top_k for b in audio_idx]),
             torch.cat([uniforms[b] for b in audio_idx]),
         ).view(len(audio_idx), n_streams)
-        for j, b in enumerate(audio_idx):
-            act = plans[b].active
-            row = [int(c) if a else None for c, a in zip(codes[j].tolist(), act, strict=True)]
-            out[b] = Emission("audio", codes=row, logits=logits[j])
+        for j, (b, drawn) in enumerate(zip(audio_idx, codes.tolist(), strict=True)):
+            row = [c if a else None for c, a in zip(drawn, plans[b].active, strict=True)]
+            out[b] = Emission("audio", codes=row, logits=logits[j] if keep_logits else None)
 
     for b, p in enumerate(plans):
         if p.kind == "force":
