@@ -23,6 +23,15 @@ from speclive.speechlm.reference import reference_generate
 from speclive.speechlm.vocab import encode_text
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one intra-op thread (two fight each other on a shared 2-core machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def model() -> SpeechLM:
     return SpeechLM(SpeechLMConfig.preset("tiny"))
