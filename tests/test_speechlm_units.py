@@ -96,6 +96,13 @@ def test_modality_comes_from_regions_not_positions():
     assert a.audio_step == 3 and b.audio_step == 3
 
 
+def test_min_text_tokens_holds_the_switch():
+    cfg = PhaseConfig(mode="text_audio", n_streams=2, min_text_tokens=3, max_text_tokens=10)
+    st = PhaseState(cfg)
+    plans = _drive(st, [Region.AUDIO] * 5)
+    assert [p.kind for p in plans] == ["text"] * 3 + ["audio"] * 2
+
+
 def test_text_mode_never_switches_and_eos_or_limit_ends():
     st = PhaseState(PhaseConfig(mode="text", n_streams=2, eos=EOS, max_text_tokens=3))
     plans = _drive(st, [Region.AUDIO] * 10)
@@ -202,3 +209,36 @@ def test_random_rvq_codec_and_wav(tmp_path):
         codec.decode(codes[:3])
     path = write_wav(tmp_path / "a.wav", wave, codec.sample_rate)
     assert path.stat().st_size == 44 + 2 * wave.numel()
+
+
+def test_hf_codecs_load_and_decode(tmp_path):
+    """EnCodec and DAC through ``HFCodec.load`` (tiny random configs saved like real checkpoints)."""
+    tf = pytest.importorskip("transformers")
+    from speclive.speechlm.codec import HFCodec
+
+    enc = tf.EncodecConfig(
+        num_filters=4,
+        hidden_size=16,
+        codebook_size=32,
+        codebook_dim=16,
+        upsampling_ratios=[4, 2],
+        target_bandwidths=[40.0],
+        sampling_rate=8000,
+        num_lstm_layers=1,
+    )
+    dac = tf.DacConfig(
+        encoder_hidden_size=8,
+        downsampling_ratios=[2, 4],
+        decoder_hidden_size=16,
+        n_codebooks=3,
+        codebook_size=32,
+        codebook_dim=4,
+        hidden_size=16,
+        sampling_rate=8000,
+    )
+    for name, model in (("enc", tf.EncodecModel(enc)), ("dac", tf.DacModel(dac))):
+        model.save_pretrained(tmp_path / name)
+        codec = HFCodec.load(tmp_path / name)
+        assert codec.sample_rate == 8000 and codec.codebook_size == 32 and codec.n_codebooks > 0
+        wave = codec.decode(torch.randint(0, 32, (codec.n_codebooks, 10)))
+        assert wave.dim() == 1 and wave.numel() == 80

@@ -36,6 +36,7 @@ class SamplingParams:
     audio_top_k: int = 50  #: audio top-k [50]
     cfg: float | None = None  #: guidance scale w; None or 1 = off, > 1 adds a companion [None]
     max_text_tokens: int = 32  #: text tokens before audio (or the end in text mode) [32]
+    min_text_tokens: int = 0  #: text tokens before the model may switch to audio [0]
     max_audio_frames: int = 50  #: audio frames at most [50]
     min_audio_frames: int = 1  #: frames before the model may stop the audio [1]
     seed: int = 0  #: per-request random stream [0]
@@ -53,6 +54,8 @@ class SamplingParams:
             raise ConfigError("top-k must be >= 0")
         if self.max_text_tokens < 0 or self.max_audio_frames < 1 or self.min_audio_frames < 0:
             raise ConfigError("max_text_tokens >= 0, max_audio_frames >= 1, min_audio_frames >= 0 required")
+        if self.min_text_tokens < 0:
+            raise ConfigError("min_text_tokens must be >= 0")
 
     @property
     def guided(self) -> bool:

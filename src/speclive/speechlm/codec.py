@@ -79,6 +79,7 @@ class HFCodec:
         cfg = model.config
         self.sample_rate = int(cfg.sampling_rate)
         self.n_codebooks = int(getattr(cfg, "n_codebooks", 0) or getattr(cfg, "num_quantizers", 0) or 0)
+        self.codebook_size = int(cfg.codebook_size)
         self.kind = cfg.model_type
 
     @classmethod

@@ -47,6 +47,7 @@ class PhaseConfig:
     bridge: tuple[int, ...] = ()  #: bridging tokens forced between text and audio
     eos: int | None = None  #: text token that ends the request
     max_text_tokens: int = 64  #: text tokens before the switch to audio (or the end, in text mode)
+    min_text_tokens: int = 0  #: text tokens before the model may switch to audio
     max_audio_frames: int = 64  #: audio frames T at most
     min_audio_frames: int = 1  #: frames before the model may end the audio phase
     audio_only: bool = False  #: start in the audio phase (models without text, e.g. MusicGen)
@@ -91,7 +92,8 @@ def plan(st: PhaseState, region: Region | None) -> StepPlan:
     """Decide this step's emission from the region the model's unmasked argmax falls in."""
     c = st.cfg
     if st.phase is Phase.TEXT:
-        switch = c.mode == "text_audio" and (region is Region.AUDIO or st.n_text >= c.max_text_tokens)
+        wants = region is Region.AUDIO and st.n_text >= c.min_text_tokens
+        switch = c.mode == "text_audio" and (wants or st.n_text >= c.max_text_tokens)
         if not switch:
             return StepPlan("text")
         st.phase = Phase.TRANSITION

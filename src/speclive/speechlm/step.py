@@ -120,6 +120,7 @@ def phase_config(model, params: SamplingParams) -> phases.PhaseConfig:
         bridge=tuple(model.bridge),
         eos=model.eos,
         max_text_tokens=params.max_text_tokens,
+        min_text_tokens=params.min_text_tokens,
         max_audio_frames=params.max_audio_frames,
         min_audio_frames=params.min_audio_frames,
         audio_only=not model.has_text,
