@@ -381,7 +381,9 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
     ax2 = ax.twinx()
     ax2.plot(cs, [r["speedup"] for r in sc], color="C1", marker="x", ls="--", label="speedup")
     ax2.set_ylabel("speedup vs sequential")
-    ax.legend(loc="upper left", fontsize=8)
+    lines = ax.get_legend_handles_labels()
+    extra = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + extra[0], lines[1] + extra[1], loc="upper left", fontsize=8)
     ax.set_title("decode throughput")
     cf = result["cfg"]
     names = [r["setting"] for r in cf]
@@ -393,7 +395,7 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
     axes[1].set_xticks(list(x), names)
     axes[1].set_ylabel("tok/s")
     axes[1].set_title(f"CFG at {result['header']['settings']['cfg_workload']} active sequences")
-    axes[1].legend(fontsize=8)
+    axes[1].legend(fontsize=8, loc="lower left", framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
