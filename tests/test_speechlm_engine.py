@@ -241,3 +241,11 @@ def test_async_streaming_mixed_requests(model):
     fin = a_ev[-1].result
     assert len(audio) == 4 + model.n_streams - 1 and fin.waveform is not None
     assert eng.core.cache.allocator.n_used == 0 and not eng.core.has_work()
+
+
+def test_text_only_request_gets_no_companion(model):
+    core = EngineCore(model, None, SchedulerConfig(n_blocks=64, block_size=4))
+    prompt = model.text_rows(encode_text("hi"))
+    core.add_request(prompt, SamplingParams(mode="text", cfg=3.0), request_id="t")
+    core.add_request(prompt, SamplingParams(mode="text_audio", cfg=3.0), request_id="a")
+    assert core.requests["t"].companion is None and core.requests["a"].companion is not None

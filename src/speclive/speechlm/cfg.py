@@ -59,4 +59,6 @@ class SamplingParams:
 
     @property
     def guided(self) -> bool:
-        return self.cfg is not None and self.cfg > 1
+        """A companion runs beside this request: ``cfg > 1`` and audio may be generated (guidance only
+        touches audio logits, so a text-only request would pay for a companion it never uses)."""
+        return self.cfg is not None and self.cfg > 1 and self.mode == "text_audio"

@@ -25,6 +25,7 @@ from speclive.speechlm.codec import Codec
 from speclive.speechlm.delay import deinterleave
 from speclive.speechlm.heads import HeadLogits
 from speclive.speechlm.kvcache import PagedKVCache
+from speclive.speechlm.model import SpeechModel
 from speclive.speechlm.phases import Phase, PhaseState
 from speclive.speechlm.scheduler import Request, Scheduler, SchedulerConfig, Sequence, Work
 
@@ -82,7 +83,7 @@ class EngineCore:
 
     def __init__(
         self,
-        model,
+        model: SpeechModel,
         codec: Codec | None = None,
         config: SchedulerConfig | None = None,
         record_logits: bool = False,
@@ -277,7 +278,9 @@ class EngineCore:
 class SpeechLMEngine:
     """Asyncio front end: ``stream()`` yields a request's events as the shared loop produces them."""
 
-    def __init__(self, model, codec: Codec | None = None, config: SchedulerConfig | None = None) -> None:
+    def __init__(
+        self, model: SpeechModel, codec: Codec | None = None, config: SchedulerConfig | None = None
+    ) -> None:
         self.core = EngineCore(model, codec, config)
         self.model = model
         self._queues: dict[str, asyncio.Queue[Event]] = {}

@@ -16,6 +16,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,31 @@ from speclive.speechlm.heads import CodebookHeads, HeadLogits
 from speclive.speechlm.vocab import BOS, BRIDGE, EOS, NULL, VocabLayout
 
 AttnFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class SpeechModel(Protocol):
+    """What the engine needs from a model (``SpeechLM``, ``MusicgenAdapter``)."""
+
+    has_text: bool  #: a text region exists (then ``layout`` is a ``VocabLayout``)
+    n_streams: int  #: S
+    max_positions: int  #: context window in rows
+    kv_shape: tuple[int, int, int]  #: (layers, heads, head_dim)
+    eos: int | None
+    bridge: tuple[int, ...]
+
+    def null_prompt(self) -> list[list[int]]: ...  # the CFG companion's prompt
+
+    def text_rows(self, tokens: list[int]) -> list[list[int]]: ...
+
+    def audio_row(self, codes: list[int | None]) -> list[int]: ...  # None = pad (delay)
+
+    def embed(self, rows: torch.Tensor) -> torch.Tensor: ...  # [B, Q, S] ids -> [B, Q, d]
+
+    def backbone(
+        self, x: torch.Tensor, attn: AttnFn, positions: torch.Tensor, cond: Any = None
+    ) -> torch.Tensor: ...
+
+    def heads(self, h: torch.Tensor) -> HeadLogits: ...  # [N, d] -> primary + [N, S, K] streams
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from speclive.speechlm.cfg import SamplingParams
 from speclive.speechlm.delay import deinterleave
 from speclive.speechlm.heads import HeadLogits
 from speclive.speechlm.kvcache import ContiguousAttention
+from speclive.speechlm.model import SpeechModel
 from speclive.speechlm.phases import PhaseState
 
 
@@ -34,7 +35,7 @@ class ReferenceResult:
 
 
 class _Runner:
-    def __init__(self, model, cond: torch.Tensor | None) -> None:
+    def __init__(self, model: SpeechModel, cond: torch.Tensor | None) -> None:
         self.model, self.attn = model, ContiguousAttention(model.kv_shape[0])
         self.cond = None if cond is None else (cond[None], torch.ones(1, cond.shape[0], dtype=torch.bool))
 
@@ -46,7 +47,7 @@ class _Runner:
 
 @torch.inference_mode()
 def reference_generate(
-    model,
+    model: SpeechModel,
     prompt: list[list[int]],
     params: SamplingParams,
     cond: torch.Tensor | None = None,

@@ -13,6 +13,7 @@ import torch
 from speclive.speechlm import phases
 from speclive.speechlm.cfg import SamplingParams, merge
 from speclive.speechlm.heads import HeadLogits
+from speclive.speechlm.model import SpeechModel
 from speclive.speechlm.sampling import draw_uniforms, sample
 
 
@@ -33,12 +34,8 @@ class Emission:
     logits: torch.Tensor | None = None  #: the logits the token(s) were drawn from
 
 
-def text_mask_for(model) -> torch.Tensor | None:
-    return model.layout.text_mask() if model.has_text else None
-
-
 def decide(
-    model,
+    model: SpeechModel,
     slots: list[Slot],
     cond: HeadLogits,
     uncond: HeadLogits | None,
@@ -96,7 +93,7 @@ def decide(
     return out  # type: ignore[return-value]
 
 
-def commit(model, slot: Slot, em: Emission) -> list[int] | None:
+def commit(model: SpeechModel, slot: Slot, em: Emission) -> list[int] | None:
     """Advance the phase machine; returns the input row to append (None when the request ended)."""
     st = slot.state
     if em.kind == "text":
@@ -113,7 +110,7 @@ def commit(model, slot: Slot, em: Emission) -> list[int] | None:
     return None if st.done else row
 
 
-def phase_config(model, params: SamplingParams) -> phases.PhaseConfig:
+def phase_config(model: SpeechModel, params: SamplingParams) -> phases.PhaseConfig:
     return phases.PhaseConfig(
         mode=params.mode,
         n_streams=model.n_streams,
@@ -127,7 +124,7 @@ def phase_config(model, params: SamplingParams) -> phases.PhaseConfig:
     )
 
 
-def max_rows(model, params: SamplingParams) -> int:
+def max_rows(model: SpeechModel, params: SamplingParams) -> int:
     """Upper bound on the rows a request appends after its prompt (for the context check)."""
     n = params.max_text_tokens + 1
     if params.mode == "text_audio" or not model.has_text:
