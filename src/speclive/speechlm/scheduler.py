@@ -27,7 +27,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64  #: running sequences at most, companions included [64]
     token_budget: int = 1024  #: tokens computed per step, all sequences together [1024]
     block_size: int = 16  #: tokens per KV block [16]
-    n_blocks: int = 2048  #: KV blocks in the pool [2048]
+    n_blocks: int = 1024  #: KV blocks in the pool (blocks x block_size x layers x 2 x d floats) [1024]
 
     def validate(self) -> None:
         if self.max_num_seqs < 2 or self.token_budget < 2 or self.block_size < 1 or self.n_blocks < 1:
