@@ -136,3 +136,4 @@ class NgramDrafter(Drafter):
         super().feedback(tree, accepted_nodes, bonus)
         if self._last_bucket is not None:
             self.by_bucket[self._last_bucket].update(tree.max_depth(), len(accepted_nodes))
+
