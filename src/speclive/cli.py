@@ -130,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     add_retranslate_parser(sub)
     add_predgen_parser(sub)
 
+    from speclive.speechlm.cli import add_speechlm_parser
+
+    add_speechlm_parser(sub)
+
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

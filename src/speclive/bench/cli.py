@@ -122,6 +122,10 @@ def add_bench_parser(subparsers: Any) -> None:
     g.add_argument("--no-plot", action="store_true")
     g.set_defaults(func=cmd_predgen)
 
+    from speclive.bench.speechlm import add_speechlm_bench_parser
+
+    add_speechlm_bench_parser(sub)
+
 
 def _floats(text: str) -> list[float]:
     try:
