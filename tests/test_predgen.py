@@ -135,8 +135,8 @@ def test_deadline_yields_and_the_next_update_reuses_the_partial_candidate(hf_smo
     u = s.update(prompt, deadline=time.perf_counter())  # newer input is already waiting
     assert 1 <= len(s.candidate) < 40 and u.first_sentence == "" and s.presynth is None
     partial = list(s.candidate)
-    u2 = s.update(prompt)  # no deadline: verifies the partial candidate, finishes the sentence
-    assert s.candidate[: len(partial)] == partial and u2.accepted >= len(partial) - 1
+    u2 = s.update(prompt)  # no deadline: resumes the cut-off candidate, finishes the sentence
+    assert s.candidate[: len(partial)] == partial and u2.drafted == 0  # continued, not re-verified
     assert u2.first_sentence and s.presynth is not None
     resp = s.finish(prompt)
     base = PredictiveResponder(hf_smol, max_tokens=40, speak_rest=False, baseline=True)
@@ -160,9 +160,15 @@ def test_simulated_user_passes_the_next_arrival_as_deadline():
 
 @pytest.mark.parametrize("verifier", ["topk:3", "reflection"])
 def test_relaxed_verifiers_run(llama_smol, verifier):
-    resp, _, s = _answer(llama_smol, PROMPTS[0], verifier=verifier)
+    # updates without deadlines: each one verifies the previous candidate, whatever the load
+    words = PROMPTS[0].split()
+    s = PredictiveResponder(llama_smol, verifier=verifier, max_tokens=40, speak_rest=False)
+    for n in range(max(1, len(words) - 3), len(words) + 1):
+        s.update(" ".join(words[:n]))
+    resp = s.finish()
     assert resp.response and resp.first_sentence and resp.nfetfs >= 1
     assert sum(u.drafted for u in s.updates) > 0
+    s.close()
 
 
 def test_rewritten_partials_and_bad_input(hf_smol):

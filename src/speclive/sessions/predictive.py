@@ -141,7 +141,9 @@ class PredictiveResponder:
         self.candidate: list[int] = []
         self.presynth: tuple[str, Audio] | None = None
         self.updates: list[CandidateUpdate] = []
-        self.partial = ""
+        self.partial = ""  # the prompt the candidate answers
+        self.latest = ""  # the newest partial prompt seen
+        self._cut_off = False  # the last speculation stopped before its first sentence ended
         self.finished = False
         self._synth_per_char: float | None = None
 
@@ -166,15 +168,23 @@ class PredictiveResponder:
         return float(np.max(row[self._yes])) > float(np.max(row[self._no]))
 
     # ---- the engine run shared by update and finish ---------------------------------------
-    def _run(self, partial: str, final: bool, deadline: float | None = None) -> dict:
+    def _run(self, partial: str, final: bool, deadline: float | None = None, resume: bool = False) -> dict:
         """Verify the candidate against ``partial`` and generate; stop after the first sentence
         (+ lookahead) unless ``final``, or at ``deadline`` (a ``time.perf_counter()`` value:
         newer input has arrived, so this speculation is stale). Returns what happened, with
-        first-sentence timings."""
+        first-sentence timings.
+
+        ``resume``: the candidate was cut off (by a deadline) before its first sentence ended;
+        continue it under the same prompt (its cache is still there) instead of re-verifying it.
+        """
         t0 = time.perf_counter()
         prompt = self.prompt_ids(partial)
+        prefix = list(self.candidate) if resume else []
         judge_forwards = 0
-        if self.drafter is not None:
+        if resume:
+            assert self.drafter is not None
+            self.drafter.set_history([])
+        elif self.drafter is not None:
             forced = first = 0
             old_text = self.tok.decode(self.candidate)
             end = first_sentence_end(old_text)
@@ -186,9 +196,10 @@ class PredictiveResponder:
                         forced = first
             self.drafter.set_history(self.candidate, forced=forced, first_chunk=first)
         gen = GenerationConfig(max_tokens=self.cfg.max_tokens, max_draft_nodes=512)
-        out: list[int] = []
+        out: list[int] = list(prefix)
         first_end, first_at, first_fw, extra = -1, None, 0, 0
-        events = self.decoder.generate(prompt, gen)
+        gen.max_tokens = max(1, self.cfg.max_tokens - len(prefix))
+        events = self.decoder.generate(prompt + prefix, gen)
         try:
             for ev in events:
                 stats = self.decoder.last_stats  # the generator made it on its first step
@@ -275,13 +286,21 @@ class PredictiveResponder:
             raise SessionClosedError("update() after finish(): this PredGen session is closed")
         partial = " ".join(partial.split())
         if self.cfg.baseline or not partial:
-            self.partial = partial
+            self.partial = self.latest = partial
             u = CandidateUpdate(partial, "", "")
             self.updates.append(u)
             return u
+        # A candidate cut off before its first sentence ended is first completed under the
+        # prompt it was made for: re-verifying it against every new word would cost as much as
+        # the time between words on a CPU, and it would never grow. New words wait for the
+        # next update (and are always checked by the final verification).
+        resume = self._cut_off and bool(self.candidate) and bool(self.partial)
         # may raise (e.g. too long): the session stays as it was
-        r = self._run(partial, final=False, deadline=deadline)
-        self.partial = partial
+        r = self._run(self.partial if resume else partial, final=False, deadline=deadline, resume=resume)
+        self._cut_off = not r["first"]
+        self.latest = partial
+        if not resume:
+            self.partial = partial
         self.candidate = r["ids"]
         u = CandidateUpdate(partial, r["text"], r["first"], r["drafted"], r["accepted"], r["forwards"], 0.0)
         fits = deadline is None or time.perf_counter() + self._synth_estimate(r["first"]) <= deadline
@@ -298,7 +317,7 @@ class PredictiveResponder:
         """The complete prompt: final verification, first sentence audio, then the rest."""
         if self.finished:
             raise SessionClosedError("finish() called twice: this PredGen session is closed")
-        prompt = " ".join((self.partial if final is None else final).split())
+        prompt = " ".join((self.latest if final is None else final).split())
         if not prompt:
             raise ConfigError("empty prompt: nothing to answer")
         self.finished = True
