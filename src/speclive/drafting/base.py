@@ -158,5 +158,8 @@ class Drafter(ABC):
         """Wall time of the last step (drafting + verification), for the adaptive controller."""
         self.adaptive.observe_step(drafted, seconds, committed)
 
+    def end(self) -> None:
+        """A generation finished (or was abandoned): stop background work, restore settings."""
+
     def close(self) -> None:
         """Free held resources (draft model states)."""
