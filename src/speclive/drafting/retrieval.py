@@ -268,7 +268,7 @@ class Candidates:
 
         Nodes enter by decreasing score; the prefix of that order maximising
         ``(1 + Σ score) / (cost(n + 1) + draft_cost)`` wins if its gain is at least ``min_gain``
-        (else nothing, unless ``force`` > 0 asks for at least that many nodes, a probe).
+        (else nothing, unless ``force`` > 0 asks for that many nodes: a probe, returned with gain 0).
         """
         if budget <= 0 or not self.tokens:
             return [], 1.0 / (1.0 + draft_cost)
@@ -301,8 +301,10 @@ class Candidates:
             gain = total / (cost(len(chosen) + 1) + draft_cost)
             if gain > best_gain:
                 best_n, best_gain = len(chosen), gain
-        if best_gain < min_gain:
-            best_n = min(force, len(chosen))
+        if best_n == 0 or best_gain < min_gain:
+            if force <= 0:
+                return [], best_gain
+            return sorted(chosen[: min(force, len(chosen))]), 0.0  # a probe: no expected gain
         return sorted(chosen[:best_n]), best_gain
 
     def tree(self, nodes: Sequence[int]) -> DraftTree:
