@@ -22,7 +22,20 @@ from pathlib import Path
 from speclive.drafting.datastore import DatastoreError
 from speclive.tokenizer import Tokenizer
 
-TEXT_SUFFIXES = (".py", ".jsonl", ".md", ".rst", ".txt", ".json", ".toml", ".cfg", ".ini", ".yaml", ".yml", ".html")
+TEXT_SUFFIXES = (
+    ".py",
+    ".jsonl",
+    ".md",
+    ".rst",
+    ".txt",
+    ".json",
+    ".toml",
+    ".cfg",
+    ".ini",
+    ".yaml",
+    ".yml",
+    ".html",
+)
 _SHAREGPT_ROLES = {
     "human": "user",
     "user": "user",

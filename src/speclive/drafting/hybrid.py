@@ -45,6 +45,8 @@ class HybridConfig:
     model_margin: float = 1.02
     #: prior per-token acceptance of model drafts
     model_prior_alpha: float = 0.7
+    #: draft with the model every step regardless of cost (fusion always on; tests, GPUs)
+    always_model: bool = False
 
 
 class ModelSource:
@@ -133,6 +135,8 @@ class HybridDrafter(SuffixDrafter):
 
     def model_length(self, retrieval_gain: float) -> int:
         """Model chain length to draft this step (0: the model does not pay over retrieval)."""
+        if self.hcfg.always_model:
+            return self.hcfg.model_max_len
         self.model_ctl.draft_ratio = self._draft_ratio()
         k = self.model_ctl.length()
         if k <= 0:

@@ -94,33 +94,33 @@ class RequestIndex:
 class CountTree:
     """A continuation trie: flat arrays, parents before children, ``counts`` = occurrences."""
 
-    tokens: list[int] = field(default_factory=list)
-    parents: list[int] = field(default_factory=list)
-    counts: list[float] = field(default_factory=list)
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    parents: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    depth: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     total: float = 0.0  # number of continuations counted (the root's count)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def edge_probs(self, prior: float = 1.0) -> list[float]:
+    def edge_probs(self, prior: float = 1.0) -> np.ndarray:
         """P(child | parent) with ``prior`` pseudo-counts of "something else"."""
-        out = []
-        for c, p in zip(self.counts, self.parents, strict=True):
-            parent_count = self.total if p < 0 else self.counts[p]
-            out.append(c / (parent_count + prior))
-        return out
+        parent_count = np.where(self.parents < 0, self.total, self.counts[np.maximum(self.parents, 0)])
+        return self.counts / (parent_count + prior)
 
 
 def count_tree(conts: np.ndarray, weights: np.ndarray | None = None) -> CountTree:
     """Count the rows of ``conts`` (``SEP`` ends a row) into a trie, level by level."""
     s = conts.shape[0]
-    tree = CountTree(total=float(s if weights is None else weights.sum()))
-    if s == 0:
-        return tree
     w = np.ones(s) if weights is None else np.asarray(weights, dtype=np.float64)
+    total = float(w.sum()) if s else 0.0
+    if s == 0:
+        return CountTree(total=total)
     parent = np.full(s, -1, dtype=np.int64)
     alive = np.ones(s, dtype=bool)
     big = np.int64(1) << 32
+    toks, pars, cnts, deps = [], [], [], []
+    n = 0
     for k in range(conts.shape[1]):
         col = conts[:, k].astype(np.int64)
         alive &= col >= 0
@@ -128,24 +128,23 @@ def count_tree(conts: np.ndarray, weights: np.ndarray | None = None) -> CountTre
             break
         keys = (parent[alive] + 1) * big + col[alive]
         uniq, inv = np.unique(keys, return_inverse=True)
-        cnt = np.bincount(inv, weights=w[alive])
-        base = len(tree.tokens)
-        tree.tokens += [int(u % big) for u in uniq]
-        tree.parents += [int(u // big) - 1 for u in uniq]
-        tree.counts += [float(c) for c in cnt]
-        parent[alive] = base + inv
-    return tree
+        toks.append(uniq % big)
+        pars.append(uniq // big - 1)
+        cnts.append(np.bincount(inv, weights=w[alive]))
+        deps.append(np.full(len(uniq), k, dtype=np.int64))
+        parent[alive] = n + inv
+        n += len(uniq)
+    return CountTree(
+        np.concatenate(toks), np.concatenate(pars), np.concatenate(cnts), np.concatenate(deps), total
+    )
 
 
 def top_nodes(tree: CountTree, m: int) -> list[int]:
-    """The ``m`` most frequent nodes (ties: shallower first), closed under parent."""
+    """The ``m`` most frequent nodes (ties: shallower first), closed under parent, increasing."""
     if len(tree) <= m:
         return list(range(len(tree)))
-    depth: list[int] = []
-    for p in tree.parents:
-        depth.append(0 if p < 0 else depth[p] + 1)
-    order = sorted(range(len(tree)), key=lambda i: (-tree.counts[i], depth[i], i))
-    return sorted(order[:m])
+    order = np.lexsort((np.arange(len(tree)), tree.depth, -tree.counts))
+    return sorted(int(i) for i in order[:m])
 
 
 class Calibrator:
@@ -247,12 +246,12 @@ class Candidates:
         edge = tree.edge_probs(prior)
         toks, pars, path, qs = [], [], [], []
         for old in keep:
-            p = tree.parents[old]
-            toks.append(tree.tokens[old])
+            p = int(tree.parents[old])
+            toks.append(int(tree.tokens[old]))
             pars.append(-1 if p < 0 else sub[p])
             parent_path = 1.0 if p < 0 else path[sub[p]]
-            path.append(parent_path * edge[old])
-            qs.append(edge[old])
+            path.append(parent_path * float(edge[old]))
+            qs.append(float(edge[old]))
         return self.add(toks, pars, path, qs, key, source, scale)
 
     def select(
