@@ -47,6 +47,8 @@ class HybridConfig:
     model_prior_alpha: float = 0.7
     #: draft with the model every step regardless of cost (fusion always on; tests, GPUs)
     always_model: bool = False
+    #: the model is not even probed when this acceptance rate would not make it pay
+    ceiling_alpha: float = 0.95
 
 
 class ModelSource:
@@ -138,6 +140,10 @@ class HybridDrafter(SuffixDrafter):
         if self.hcfg.always_model:
             return self.hcfg.model_max_len
         self.model_ctl.draft_ratio = self._draft_ratio()
+        if self.model_ceiling() < max(retrieval_gain, 1.0) * self.hcfg.model_margin:
+            # even near-perfect acceptance would not pay: do not even probe (a probe re-syncs
+            # the draft cache over the whole context, a prefill of the draft model)
+            return 0
         k = self.model_ctl.length()
         if k <= 0:
             return 0
@@ -146,6 +152,16 @@ class HybridDrafter(SuffixDrafter):
         if self.model_ctl.expected_speedup(k) < retrieval_gain * self.hcfg.model_margin:
             return 0
         return k
+
+    def model_ceiling(self) -> float:
+        """Best expected speedup of a model chain if ``ceiling_alpha`` of its tokens were accepted."""
+        a = self.hcfg.ceiling_alpha
+        ratio = self.model_ctl.draft_ratio
+        best = 0.0
+        for k in range(1, self.hcfg.model_max_len + 1):
+            tokens = (1 - a ** (k + 1)) / (1 - a)
+            best = max(best, tokens / (self._cost(k + 1) + k * ratio))
+        return best
 
     def _retrieval_gain(self, cand: Candidates, budget: int) -> float:
         nodes, gain = cand.select(budget, self._cost, self.lookup_cost(), self._max_leaves(), 0.0)
