@@ -97,7 +97,8 @@ def test_async_hybrid_matches_ar_and_reuses_background_drafts():
     st = d.async_stats
     d.close()
     assert res.token_ids == ref
-    assert st.steps == res.stats.target_forwards
+    # the last step (budget 0) does not ask the drafter
+    assert res.stats.target_forwards - 1 <= st.steps <= res.stats.target_forwards
     assert st.pre_verify > 0 and st.post_verify > 0, st
     assert st.jobs_reused > 0 and st.tokens_reused > 0, st
     assert res.stats.accepted_by_source.get("model", 0) > 0
