@@ -48,7 +48,7 @@ class HybridConfig:
     #: draft with the model every step regardless of cost (fusion always on; tests, GPUs)
     always_model: bool = False
     #: the model is not even probed when this acceptance rate would not make it pay
-    ceiling_alpha: float = 0.95
+    ceiling_alpha: float = 0.9
 
 
 class ModelSource:
