@@ -45,7 +45,6 @@ def _drafters(backend, store):
     scfg = SuffixConfig(min_gain=0.5)
     return {
         "suffix": SuffixDrafter(store, scfg),
-        "suffix-request-only": SuffixDrafter(None, scfg),
         "hybrid": HybridDrafter(backend, store, HybridConfig(always_model=True, model_max_len=4), scfg),
     }
 
@@ -88,7 +87,7 @@ def test_hf_fp32_talon_drafters_are_token_identical(hf_smol):
 
 
 def test_llamacpp_talon_drafters_up_to_near_ties(llama_smol):
-    results = _run(llama_smol, ALL[::2], with_async=True)
+    results = _run(llama_smol, ALL[::3], with_async=True)
     flips, bugs, acc = [], [], {}
     for name, text, ref, gaps, out, stats, _d in results:
         acc[name] = acc.get(name, 0) + stats.accepted
