@@ -20,6 +20,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=0.4, help="draft confidence cut-off (model drafters)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--n-ctx", type=int, default=None, help="context window in tokens")
+    p.add_argument("--datastore", default=None, help="global suffix datastore (--drafter suffix|hybrid*)")
 
 
 def _build_decoder(args: argparse.Namespace):
@@ -29,7 +30,12 @@ def _build_decoder(args: argparse.Namespace):
 
     target = load_backend(args.model, args.backend, n_ctx=args.n_ctx, threads=args.threads)
     drafter = make_drafter(
-        args.drafter, target, args.draft_model, max_len=args.max_draft, threshold=args.threshold
+        args.drafter,
+        target,
+        args.draft_model,
+        max_len=args.max_draft,
+        threshold=args.threshold,
+        datastore=getattr(args, "datastore", None),
     )
     rule = make_rule(getattr(args, "accept", None), getattr(args, "temperature", 0.0))
     return SpeculativeDecoder(target, drafter, rule)
@@ -126,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     from speclive.sessions.cli import add_predgen_parser, add_retranslate_parser
 
     add_bench_parser(sub)
+    from speclive.datastore_cli import add_datastore_parser
+
+    add_datastore_parser(sub)
     add_demo_parser(sub)
     add_retranslate_parser(sub)
     add_predgen_parser(sub)

@@ -156,6 +156,15 @@ class SpeculativeDecoder:
         self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
     ) -> Iterator[StepEvent]:
         """Yield one ``StepEvent`` per verification; ``self.last_stats`` holds the totals."""
+        try:
+            yield from self._generate(prompt_ids, config)
+        finally:
+            if self.drafter is not None:
+                self.drafter.end()  # stops background drafting, restores backend settings
+
+    def _generate(
+        self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
+    ) -> Iterator[StepEvent]:
         cfg = config or GenerationConfig()
         prompt = [int(t) for t in prompt_ids]
         if not prompt:

@@ -17,7 +17,7 @@ from speclive.models.resolve import ModelRef, resolve
 from speclive.tokenizer import Tokenizer
 
 BACKENDS = ("hf", "llamacpp")
-DRAFTERS = ("none", "ngram", "model", "crossvocab")
+DRAFTERS = ("none", "ngram", "model", "crossvocab", "suffix", "hybrid", "hybrid-async")
 
 #: same-tokenizer draft model used by ``--drafter model`` when none is named
 DEFAULT_DRAFT = {
@@ -89,11 +89,21 @@ def make_drafter(
     backend: str | None = None,
     max_len: int | None = None,
     threshold: float = 0.4,
+    datastore: str | None = None,
+    datastore_max_mb: float | None = None,
 ) -> Drafter | None:
-    """A drafter by CLI name; ``none`` gives None (plain autoregressive decoding)."""
+    """A drafter by CLI name; ``none`` gives None (plain autoregressive decoding).
+
+    ``datastore``: a global suffix datastore (``speclive datastore build``) for the suffix and
+    hybrid drafters; without one they retrieve from the request's own tokens only.
+    """
     _choice("drafter", name, DRAFTERS)
     if name == "none":
         return None
+    if name in ("suffix", "hybrid", "hybrid-async"):
+        return _talon_drafter(
+            name, target, draft_model, backend, max_len, threshold, datastore, datastore_max_mb
+        )
     if name == "ngram":
         from speclive.drafting.base import AdaptiveConfig
         from speclive.drafting.ngram import NgramDrafter
@@ -115,3 +125,42 @@ def make_drafter(
 
     draft = load_backend(draft_model or DEFAULT_CROSS_DRAFT, backend, n_ctx=max(target.n_ctx, 2048))
     return CrossVocabDrafter(draft, max_len=max_len or 16, threshold=threshold)
+
+
+def _talon_drafter(
+    name: str,
+    target: Backend,
+    draft_model: str | None,
+    backend: str | None,
+    max_len: int | None,
+    threshold: float,
+    datastore: str | None,
+    datastore_max_mb: float | None,
+) -> Drafter:
+    """The Talon drafters: suffix retrieval, hybrid (model + retrieval), asynchronous hybrid."""
+    from speclive.drafting.suffix import SuffixConfig, SuffixDrafter, load_datastore
+
+    store = load_datastore(datastore, target, datastore_max_mb)
+    scfg = SuffixConfig(depth=max_len or 16)
+    if name == "suffix":
+        return SuffixDrafter(store, scfg)
+    from speclive.drafting.hybrid import HybridConfig
+
+    draft_name = draft_model or DEFAULT_DRAFT.get(target.name)
+    if draft_name is None:
+        raise ConfigError(
+            f"--drafter {name} needs --draft-model for target {target.name!r} "
+            f"(defaults exist for: {', '.join(DEFAULT_DRAFT)})"
+        )
+    hcfg = HybridConfig(threshold=threshold)
+    backend = backend or target.kind
+    if name == "hybrid":
+        from speclive.drafting.hybrid import HybridDrafter
+
+        draft = load_backend(draft_name, backend, n_ctx=target.n_ctx)
+        return HybridDrafter(draft, store, hcfg, scfg)
+    from speclive.drafting.asyncdraft import AsyncHybridDrafter
+
+    # a draft backend of its own: its thread count is changed while the drafter runs
+    draft = load_backend(draft_name, backend, n_ctx=target.n_ctx, threads=1)
+    return AsyncHybridDrafter(draft, store, hcfg, scfg)

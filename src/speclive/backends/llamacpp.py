@@ -263,6 +263,12 @@ class LlamaCppBackend(Backend):
             self._lib.llama_memory_seq_cp(self._mem, st.seq, new.seq, -1, -1)
         return new
 
+    def set_threads(self, n_threads: int) -> None:
+        """Change the context's CPU threads (e.g. 1 per side when drafting runs concurrently)."""
+        n = max(1, int(n_threads))
+        self._lib.llama_set_n_threads(self._ctx, n, n)
+        self.n_threads = n
+
     def release(self, state: BackendState) -> None:
         """Free the state's cache and its sequence id; the state may be reused (it is empty)."""
         st = self._as_state(state)

@@ -90,6 +90,22 @@ def add_bench_parser(subparsers: Any) -> None:
     a.add_argument("--tag", default="all-small")
     a.set_defaults(func=cmd_all_small)
 
+    t = sub.add_parser("talon", help="Talon Table 1: suffix / hybrid / async drafting vs AR and peers")
+    t.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    t.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    t.add_argument("--sets", type=_csv, default=["mtbench", "humaneval", "chat-heldout"])
+    t.add_argument("--limit", type=int, default=4, help="prompts per set (spread over the set)")
+    t.add_argument("--max-tokens", type=int, default=128)
+    t.add_argument("--methods", type=_csv, default=None, help="default: ar,model,ngram,suffix,hybrid,...")
+    t.add_argument("--datastore", default=None, help="global suffix datastore (speclive datastore build)")
+    t.add_argument("--hf-peers", action="store_true", help="also transformers generate/assisted (slow)")
+    t.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    t.add_argument("--tag", default=None, help="results name: talon-<tag>.* (default: target-backend)")
+    t.add_argument("--no-curve", action="store_true")
+    t.add_argument("--no-plot", action="store_true")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=cmd_talon)
+
     r = sub.add_parser("retranslate", help="SSBD re-translation: AR vs bias β vs mask-k (Tables 2-4)")
     r.add_argument("--model", default=DEFAULT_MODEL)
     r.add_argument("--backend", default="llamacpp", choices=BACKENDS)
@@ -391,4 +407,52 @@ def cmd_predgen(args: argparse.Namespace) -> int:
     for p in write_outputs(result, args.out, tag, plot_it=opts.plot):
         print(f"wrote {p}", file=sys.stderr)
     print(markdown(result))
+    return 0
+
+
+def cmd_talon(args: argparse.Namespace) -> int:
+    from speclive.bench import report
+    from speclive.bench.suites import SETS, DecodeOptions
+    from speclive.bench.talon import TALON_DEFAULT_METHODS, TALON_SETS, plot_talon, run_talon, talon_markdown
+    from speclive.errors import ConfigError
+
+    bad = [s for s in args.sets if s not in (*SETS, *TALON_SETS)]
+    if bad:
+        known = ", ".join(dict.fromkeys((*SETS, *TALON_SETS)))
+        raise ConfigError(f"unknown prompt sets {bad}; known: {known}")
+    methods = args.methods or list(TALON_DEFAULT_METHODS)
+    tag = args.tag or f"{args.target}-{args.backend}"
+    parts = ["speclive", "bench", "talon", "--target", args.target, "--backend", args.backend]
+    parts += ["--sets", ",".join(args.sets), "--limit", str(args.limit), "--max-tokens", str(args.max_tokens)]
+    parts += ["--methods", ",".join(methods), "--tag", tag]
+    if args.datastore:
+        parts += ["--datastore", args.datastore]
+    for flag in ("hf_peers", "no_curve"):
+        if getattr(args, flag):
+            parts.append("--" + flag.replace("_", "-"))
+    opts = DecodeOptions(
+        target=args.target,
+        backends=[args.backend],
+        sets=args.sets,
+        limit=args.limit,
+        max_tokens=args.max_tokens,
+        methods=methods,
+        out=args.out,
+        tag=tag,
+        measure_curve=not args.no_curve,
+        progress=not args.no_progress,
+        plot=not args.no_plot,
+        datastore=args.datastore,
+        command=_command(parts),
+    )
+    try:
+        result = run_talon(opts, hf_peers=args.hf_peers)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    paths = report.write_result_files(
+        result, args.out, f"talon-{tag}", talon_markdown, None if args.no_plot else plot_talon
+    )
+    print(talon_markdown(result))
+    for p in paths:
+        print(f"wrote {p}", file=sys.stderr)
     return 0

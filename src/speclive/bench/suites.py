@@ -52,6 +52,8 @@ LLAMACPP_PEERS: tuple[str, ...] = ("llama-cpp-python",)
 HF_PEERS: tuple[str, ...] = ("hf-generate", "hf-assisted", "hf-assisted-crossvocab", "hf-prompt-lookup")
 VLLM_PEERS: tuple[str, ...] = tuple(VLLM_METHODS)
 ALL_METHODS: tuple[str, ...] = OUR_METHODS + LLAMACPP_PEERS + HF_PEERS + VLLM_PEERS
+#: Talon drafters (``bench talon``; also accepted by ``bench decode --methods``)
+TALON_METHODS: tuple[str, ...] = ("suffix", "hybrid", "hybrid-async")
 #: the AR reference of each backend kind
 BASELINE = {"llamacpp": "ar", "hf": "ar", "vllm": "vllm-ar"}
 
@@ -94,6 +96,10 @@ def load_prompts(name: str, limit: int | None = None) -> list[dict[str, str]]:
             {"id": f"mtbench-{r['id']}-{r['category']}", "text": r["prompt"]}
             for r in datasets.mtbench_questions()
         ]
+    elif name == "chat-heldout":
+        from speclive.bench.talon import chat_heldout_prompts
+
+        return chat_heldout_prompts(limit)
     else:
         raise ValueError(f"unknown prompt set {name!r}; known: {', '.join(SETS)}")
     return [rows[i] for i in _spread(len(rows), limit)]
@@ -243,12 +249,18 @@ class Method:
 class OurRunner:
     """speclive's ``SpeculativeDecoder`` with one drafter (kept across prompts, like a server)."""
 
-    def __init__(self, target: Backend, drafter_name: str, max_draft: int | None = None):
+    def __init__(
+        self, target: Backend, drafter_name: str, max_draft: int | None = None, datastore: str | None = None
+    ):
         from speclive.loader import make_drafter
 
         self.target = target
         self.drafter_name = drafter_name
-        self.drafter = None if drafter_name == "ar" else make_drafter(drafter_name, target, max_len=max_draft)
+        self.drafter = (
+            None
+            if drafter_name == "ar"
+            else make_drafter(drafter_name, target, max_len=max_draft, datastore=datastore)
+        )
 
     def run(self, prompt_ids: Sequence[int], max_tokens: int) -> dict[str, Any]:
         from speclive.decoder import GenerationConfig, SpeculativeDecoder
@@ -282,6 +294,9 @@ class OurRunner:
         if self.drafter is not None:
             rec["steps"] = steps
             rec["accepted_by_source"] = dict(s.accepted_by_source)
+            rec["drafted_by_source"] = dict(s.drafted_by_source)
+            if hasattr(self.drafter, "async_stats"):
+                rec["async"] = self.drafter.async_stats.to_dict()
         return rec
 
     def close(self) -> None:
@@ -388,6 +403,10 @@ class DecodeOptions:
     vllm_timeout_s: float = 3600.0
     vllm_k: int | None = None
     command: str = ""
+    #: global suffix datastore of the suffix/hybrid drafters
+    datastore: str | None = None
+    #: per backend, the only methods run there (None: every method on every backend)
+    backend_methods: Mapping[str, Sequence[str]] | None = None
 
 
 def _local_runner(name: str, backend: str, target: Backend, ref: Any, opts: DecodeOptions) -> Any:
@@ -398,12 +417,12 @@ def _local_runner(name: str, backend: str, target: Backend, ref: Any, opts: Deco
         return None
     same_draft = DEFAULT_DRAFT.get(ref.name)
     cross_ok = DEFAULT_CROSS_DRAFT != ref.name
-    if name in ("model", "hf-assisted") and same_draft is None:
+    if name in ("model", "hf-assisted", "hybrid", "hybrid-async") and same_draft is None:
         return f"no same-vocabulary default draft for {ref.name}"
     if name in ("crossvocab", "hf-assisted-crossvocab") and not cross_ok:
         return "the cross-vocabulary draft would be the target itself"
-    if name in OUR_METHODS:
-        return OurRunner(target, name, opts.max_draft)
+    if name in OUR_METHODS or name in TALON_METHODS:
+        return OurRunner(target, name, opts.max_draft, opts.datastore)
     if name in LLAMACPP_PEERS:
         if ref.gguf is None:
             return "the target has no GGUF file"
@@ -432,7 +451,7 @@ def _build_methods(
     from speclive.models.resolve import resolve
 
     wanted = list(dict.fromkeys(opts.methods))
-    unknown = [m for m in wanted if m not in ALL_METHODS]
+    unknown = [m for m in wanted if m not in ALL_METHODS + TALON_METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; known: {', '.join(ALL_METHODS)}")
     if any(m in VLLM_PEERS for m in wanted) and "vllm-ar" not in wanted:
@@ -448,6 +467,8 @@ def _build_methods(
         "hf-assisted": same_draft,
         "vllm-draft": same_draft,
         "crossvocab": DEFAULT_CROSS_DRAFT,
+        "hybrid": same_draft,
+        "hybrid-async": same_draft,
         "hf-assisted-crossvocab": DEFAULT_CROSS_DRAFT,
     }
     models: dict[str, Any] = {
@@ -463,7 +484,9 @@ def _build_methods(
         for m in wanted:
             if m in VLLM_PEERS:
                 continue
-            kind = "ours" if m in OUR_METHODS else "peer"
+            if opts.backend_methods is not None and m not in opts.backend_methods.get(backend, ()):
+                continue
+            kind = "ours" if m in OUR_METHODS + TALON_METHODS else "peer"
             try:
                 runner = _local_runner(m, backend, target, ref, opts)
             except Exception as e:  # noqa: BLE001 - one broken method must not stop the benchmark
@@ -897,7 +920,7 @@ def summarize(
             if pos:
                 row["first_divergence_median"] = statistics.median(pos)
         rows.append(row)
-    order = {m: i for i, m in enumerate(ALL_METHODS)}
+    order = {m: i for i, m in enumerate(OUR_METHODS + TALON_METHODS + ALL_METHODS[len(OUR_METHODS) :])}
     backends_order = {"llamacpp": 0, "hf": 1, "vllm": 2}
     rows.sort(
         key=lambda r: (

@@ -167,5 +167,8 @@ class Drafter(ABC):
         if seconds > 0:
             self.adaptive.observe_step(drafted, seconds, committed)
 
+    def end(self) -> None:
+        """A generation finished (or was abandoned): stop background work, restore settings."""
+
     def close(self) -> None:
         """Free held resources (draft model states)."""

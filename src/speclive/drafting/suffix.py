@@ -1,0 +1,220 @@
+"""Suffix drafter: Talon's retrieval drafter M_r over a per-request and a global datastore.
+
+Each step (Algorithm 1, twice):
+
+1. the per-request store (prompt + output so far, ``RequestIndex``) and the global corpus store
+   (``SuffixDatastore``, optional) each return the continuations of the longest suffix of the
+   context they contain, with occurrence counts;
+2. each is counted into a trie and pruned to the ``max_nodes`` most frequent nodes (the
+   retrieval tree T_r with frequency-based pruning);
+3. the trees are fused by longest-prefix matching and scored: a node's score is its empirical
+   path probability (count / matches, with ``prior`` pseudo-counts) times a calibration factor
+   learned online per (store, match-length bucket);
+4. the verified tree is the prefix of nodes, by decreasing score, that maximises expected tokens
+   per unit of time under the target's measured verification-cost curve; when no tree beats
+   plain AR by ``min_gain`` nothing is drafted (with a periodic probe so calibration recovers).
+
+Lookups are far cheaper than a target step; ``lookup_stats`` records their time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from speclive.backends.base import Backend
+from speclive.drafting.base import Drafter
+from speclive.drafting.datastore import SuffixDatastore
+from speclive.drafting.retrieval import (
+    Calibrator,
+    Candidates,
+    RequestIndex,
+    bucket,
+    count_tree,
+    top_nodes,
+)
+from speclive.drafting.tree import DraftTree
+from speclive.errors import ConfigError
+
+
+@dataclass
+class SuffixConfig:
+    #: deepest draft (tokens of continuation considered per match)
+    depth: int = 16
+    #: retrieval tree size after frequency-based pruning (Talon's m), per store
+    max_nodes: int = 32
+    #: longest suffix matched (ℓ of Algorithm 1 starts here)
+    max_match: int = 32
+    #: per-request store: shortest suffix that counts as a match (its n-gram index key)
+    request_min_n: int = 2
+    #: global store: shortest suffix that counts as a match
+    global_min_match: int = 3
+    #: continuations counted per lookup (spread evenly over the matches)
+    max_samples: int = 256
+    #: pseudo-counts of "something else" when turning counts into probabilities
+    prior: float = 1.0
+    #: a tree must beat AR by this factor in expectation, else nothing is drafted
+    min_gain: float = 1.03
+    #: steps without drafting before a probe (doubles after each probe, up to 256)
+    probe_after: int = 8
+    #: nodes verified by a probe
+    probe_nodes: int = 2
+
+    def validate(self) -> None:
+        if self.depth < 1 or self.max_nodes < 1 or self.max_match < 1:
+            raise ConfigError("suffix drafter: depth, max_nodes and max_match must be >= 1")
+        if self.request_min_n < 1 or self.global_min_match < 1:
+            raise ConfigError("suffix drafter: minimum match lengths must be >= 1")
+        if self.prior < 0 or self.min_gain <= 0:
+            raise ConfigError("suffix drafter: prior must be >= 0 and min_gain > 0")
+
+
+@dataclass
+class LookupStats:
+    calls: int = 0
+    seconds: float = 0.0
+    max_seconds: float = 0.0
+
+    def add(self, s: float) -> None:
+        self.calls += 1
+        self.seconds += s
+        self.max_seconds = max(self.max_seconds, s)
+
+    @property
+    def mean_ms(self) -> float:
+        return 1000 * self.seconds / self.calls if self.calls else 0.0
+
+
+class SuffixDrafter(Drafter):
+    name = "suffix"
+
+    def __init__(self, datastore: SuffixDatastore | None = None, config: SuffixConfig | None = None):
+        super().__init__()
+        self.cfg = config or SuffixConfig()
+        self.cfg.validate()
+        self.store = datastore
+        self.request = RequestIndex(self.cfg.request_min_n, self.cfg.max_match)
+        self.calib = Calibrator()
+        self.lookup_stats = LookupStats()
+        self._lookup_ema: float | None = None
+        self._off = 0
+        self._backoff = self.cfg.probe_after
+        # per proposed node: (calibration key, raw score) of the last proposal
+        self._last: list[tuple[str, float]] = []
+        self.detail = f"datastore={self.store.n if self.store else 0} tokens"
+
+    # ---- lifecycle ------------------------------------------------------------------
+    def begin(self, context: Sequence[int]) -> None:
+        self.request.reset(context)
+
+    def bind(self, target: Backend) -> None:
+        super().bind(target)
+        if self.store is not None:
+            v = self.store.meta.get("tokenizer", {}).get("vocab_size")
+            if v is not None and int(v) != int(target.tokenizer.vocab_size):
+                raise ConfigError(
+                    f"the datastore was built for a tokenizer of {v} tokens, {target.name} has "
+                    f"{target.tokenizer.vocab_size}: rebuild it for this model"
+                )
+
+    # ---- retrieval ------------------------------------------------------------------
+    def retrieve(self, context: Sequence[int]) -> Candidates:
+        """Both stores' pruned retrieval trees, calibrated and fused (no selection yet)."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        self.request.sync(context)
+        cand = Candidates()
+        length, conts = self.request.lookup(cfg.depth)
+        if length >= cfg.request_min_n and len(conts):
+            tree = count_tree(conts)
+            key = f"request:{bucket(length)}"
+            cand.add_counts(
+                tree, top_nodes(tree, cfg.max_nodes), cfg.prior, self.calib.scale(key), key, "request"
+            )
+        if self.store is not None:
+            m = self.store.match(context[-cfg.max_match :], cfg.max_match)
+            if m.length >= cfg.global_min_match:
+                tree = count_tree(self.store.continuations(m, cfg.depth, cfg.max_samples))
+                key = f"global:{bucket(m.length)}"
+                cand.add_counts(
+                    tree, top_nodes(tree, cfg.max_nodes), cfg.prior, self.calib.scale(key), key, "global"
+                )
+        dt = time.perf_counter() - t0
+        self.lookup_stats.add(dt)
+        self._lookup_ema = dt if self._lookup_ema is None else 0.8 * self._lookup_ema + 0.2 * dt
+        return cand
+
+    def _cost(self, k: int) -> float:
+        return self.target.cost.ratio(k) if self.target is not None else 1.0 + 0.5 * (k - 1)
+
+    def _step_seconds(self) -> float | None:
+        return self.target.cost.step_seconds() if self.target is not None else None
+
+    def lookup_cost(self) -> float:
+        """Lookup time in units of one target step (0 until both are measured)."""
+        t1 = self._step_seconds()
+        return (self._lookup_ema or 0.0) / t1 if t1 else 0.0
+
+    def _max_leaves(self) -> int | None:
+        return getattr(self.target, "max_tree_branches", None)
+
+    def choose(self, cand: Candidates, budget: int, draft_cost: float) -> DraftTree:
+        """Select the nodes to verify (with probing when drafting is off) and remember them."""
+        force = 0
+        if self._off >= self._backoff:
+            force = self.cfg.probe_nodes
+        nodes, gain = cand.select(
+            budget, self._cost, draft_cost, self._max_leaves(), self.cfg.min_gain, force=force
+        )
+        if nodes:
+            if gain < self.cfg.min_gain:  # a probe
+                self._backoff = min(self._backoff * 2, 256)
+            else:
+                self._backoff = self.cfg.probe_after
+            self._off = 0
+        else:
+            self._off += 1
+        self._last = [(cand.key[i], cand.raw[i]) for i in nodes]
+        return cand.tree(nodes)
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        cand = self.retrieve(context)
+        return self.choose(cand, budget, self.lookup_cost())
+
+    def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
+        if not self._last or len(self._last) != len(tree):
+            return
+        predicted: dict[str, float] = {}
+        accepted: dict[str, float] = {}
+        for key, raw in self._last:
+            predicted[key] = predicted.get(key, 0.0) + raw
+        for i in accepted_nodes:
+            key = self._last[i][0]
+            accepted[key] = accepted.get(key, 0.0) + 1.0
+        self.calib.update(predicted, accepted)
+        self._last = []
+
+    def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
+        pass  # selection reads the target's measured cost curve directly
+
+
+def load_datastore(path: str | None, target: Backend, max_mb: float | None = None) -> SuffixDatastore | None:
+    """Load a datastore for ``target`` (None stays None); refuses other tokenizers."""
+    if not path:
+        return None
+    from speclive.drafting.datastore import DEFAULT_MAX_BYTES
+
+    budget = DEFAULT_MAX_BYTES if max_mb is None else int(max_mb * 2**20)
+    return SuffixDatastore.load(path, target.tokenizer, max_bytes=budget)
+
+
+def continuation_matrix(rows: Sequence[Sequence[int]], depth: int) -> np.ndarray:
+    """Rows padded with ``SEP`` to ``depth`` columns (test and tooling helper)."""
+    out = np.full((len(rows), depth), -1, dtype=np.int32)
+    for r, row in enumerate(rows):
+        row = list(row)[:depth]
+        out[r, : len(row)] = row
+    return out
