@@ -1,4 +1,4 @@
-"""The ``speclive`` command line: generate, models, bench, demo."""
+"""The ``speclive`` command line: generate, models, bench, demo, transcribe."""
 
 from __future__ import annotations
 
@@ -129,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     add_demo_parser(sub)
     add_retranslate_parser(sub)
     add_predgen_parser(sub)
+
+    from speclive.asr.cli import add_transcribe_parser
+
+    add_transcribe_parser(sub)
 
     args = parser.parse_args(argv)
     try:

@@ -25,11 +25,10 @@ from typing import Any
 import numpy as np
 
 from speclive.asr.audio import SAMPLE_RATE, split_segments
-from speclive.asr.crossvocab import WhisperCrossVocabDrafter
+from speclive.asr.crossvocab import WhisperBridge
 from speclive.asr.whisper import WhisperBackend, load_whisper
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
 from speclive.drafting.base import Drafter
-from speclive.drafting.model import ModelDrafter
 from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter
 from speclive.errors import ConfigError
 
@@ -43,11 +42,14 @@ class TranscribeConfig:
     #: ar | sd | specasr | faster-whisper
     method: str = "specasr"
     #: "self", "self:N" (N decoder layers of the target) or another Whisper model
-    draft: str = "self"
+    draft: str = "whisper-tiny.en"
     #: decoder layers of the default self-draft
     self_layers: int = 1
     #: LM-head vocabulary of the self-draft (most frequent BPE ids + specials); None = full
     self_vocab: int | None = 8192
+    #: LM-head vocabulary of a separate draft model (cross-vocabulary drafts re-tokenize, so a
+    #: short list costs little acceptance); None = full
+    draft_vocab: int | None = 8192
     #: draft length of plain SD
     sd_len: int = 8
     #: SpecASR switches (defaults: every technique on)
@@ -141,19 +143,16 @@ class Transcriber:
         if spec == "self" or spec.startswith("self:"):
             n = int(spec.split(":", 1)[1]) if ":" in spec else self.cfg.self_layers
             return self.target.shallow(n, vocab_limit=self.cfg.self_vocab)
-        return load_whisper(spec, threads=self.cfg.threads)
+        return load_whisper(spec, threads=self.cfg.threads, vocab_limit=self.cfg.draft_vocab)
 
     def _make_drafter(self, draft: WhisperBackend) -> Drafter:
         assert self.target is not None
         cfg = self.cfg
-        same_vocab = draft.vocab_size == self.target.vocab_size
-        if not same_vocab:
-            if cfg.method == "sd":
-                return WhisperCrossVocabDrafter(draft, fixed_len=cfg.sd_len)
-            return WhisperCrossVocabDrafter(draft, max_len=cfg.specasr.max_len, threshold=cfg.specasr.threshold)
-        if cfg.method == "sd":
-            return ModelDrafter(draft, fixed_len=cfg.sd_len)
-        return SpecASRDrafter(draft, cfg.specasr)
+        bridge = None if draft.vocab_size == self.target.vocab_size else WhisperBridge(draft, self.target)
+        if cfg.method == "sd":  # plain SD: a fixed-length chain, no technique
+            plain = SpecASRConfig(max_len=cfg.sd_len, adaptive=False, recycle=False, sparse_tree=False)
+            return SpecASRDrafter(draft, plain, bridge)
+        return SpecASRDrafter(draft, cfg.specasr, bridge)
 
     @property
     def decoder_or_ar(self) -> SpeculativeDecoder:

@@ -356,8 +356,13 @@ def _specials_from_tokenizer(hf_tok: Any, vocab_size: int) -> WhisperSpecials:
     return WhisperSpecials(sot=sot, eos=eos, no_timestamps=nots, prompt=prompt)
 
 
-def load_whisper(spec: str | Path, name: str | None = None, threads: int | None = None) -> WhisperBackend:
-    """A Whisper backend from a registry name, a CTranslate2 or HF folder, or a hub id."""
+def load_whisper(
+    spec: str | Path, name: str | None = None, threads: int | None = None, vocab_limit: int | None = None
+) -> WhisperBackend:
+    """A Whisper backend from a registry name, a CTranslate2 or HF folder, or a hub id.
+
+    ``vocab_limit`` (drafts only) scores just the most frequent ids plus the special tokens.
+    """
     import torch
 
     from speclive.models.resolve import resolve
@@ -390,4 +395,6 @@ def load_whisper(spec: str | Path, name: str | None = None, threads: int | None 
         gen = getattr(model, "generation_config", None)
         specials.suppress = [int(i) for i in (getattr(gen, "suppress_tokens", None) or [])]
         specials.suppress_begin = [int(i) for i in (getattr(gen, "begin_suppress_tokens", None) or [])]
-    return WhisperBackend(model.float().eval(), Tokenizer(hf_tok), specials, name=name or ref.name)
+    return WhisperBackend(
+        model.float().eval(), Tokenizer(hf_tok), specials, name=name or ref.name, vocab_limit=vocab_limit
+    )
