@@ -9,7 +9,7 @@ import pytest
 from asr_fixtures import clips_16k, piper_clips, tiny
 
 from speclive.asr.audio import SAMPLE_RATE, AudioError, load_audio, split_segments
-from speclive.asr.transcribe import Transcriber, TranscribeConfig
+from speclive.asr.transcribe import TranscribeConfig, Transcriber
 
 
 def _wav(path, samples: np.ndarray, rate: int, channels: int = 1) -> None:

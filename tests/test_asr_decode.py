@@ -8,7 +8,7 @@ import pytest
 from asr_fixtures import clips_16k, tiny
 
 from speclive.asr.crossvocab import WhisperBridge
-from speclive.asr.transcribe import Transcriber, TranscribeConfig
+from speclive.asr.transcribe import TranscribeConfig, Transcriber
 from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter
 from speclive.errors import ConfigError
 
@@ -56,7 +56,9 @@ def test_bridged_drafter_is_identical_and_accepts(ar_results):
     drafter = SpecASRDrafter(
         draft, SpecASRConfig(recycle=True, sparse_tree=True), bridge=WhisperBridge(draft, t)
     )
-    tr = Transcriber(TranscribeConfig(model="whisper-tiny.en", method="specasr"), target=t, draft_backend=draft)
+    tr = Transcriber(
+        TranscribeConfig(model="whisper-tiny.en", method="specasr"), target=t, draft_backend=draft
+    )
     tr.drafter = drafter
     tr.decoder.drafter = drafter
     forwards = 0

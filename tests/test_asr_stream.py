@@ -17,7 +17,7 @@ from speclive.asr.streaming import (
     stream_file,
     transcriber_recognizer,
 )
-from speclive.asr.transcribe import Transcriber, TranscribeConfig
+from speclive.asr.transcribe import TranscribeConfig, Transcriber
 
 TEXT = "one two three four five six seven eight".split()
 

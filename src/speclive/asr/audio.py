@@ -87,7 +87,9 @@ def split_segments(audio: np.ndarray, max_s: float = 30.0, search_s: float = 5.0
         lo = start + max_n - int(search_s * SAMPLE_RATE)
         hi = start + max_n
         n_frames = (hi - lo) // frame
-        energies = [float(np.mean(audio[lo + i * frame : lo + (i + 1) * frame] ** 2)) for i in range(n_frames)]
+        energies = [
+            float(np.mean(audio[lo + i * frame : lo + (i + 1) * frame] ** 2)) for i in range(n_frames)
+        ]
         cut = lo + (int(np.argmin(energies)) + 1) * frame if energies else hi
         out.append(Segment(start, cut))
         start = cut

@@ -32,7 +32,7 @@ def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from speclive.asr.audio import load_audio
     from speclive.asr.streaming import StreamConfig, stream_file, transcriber_recognizer
-    from speclive.asr.transcribe import Transcriber, TranscribeConfig
+    from speclive.asr.transcribe import TranscribeConfig, Transcriber
 
     audio = load_audio(args.file)  # fail on bad input before loading any model
     cfg = TranscribeConfig(

@@ -142,7 +142,9 @@ def ct2_to_hf_state(v: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], di
         linear(f"{h}.fc2", f"{s}/ffn/linear_1")
         norm(f"{h}.final_layer_norm", f"{s}/ffn/layer_norm")
     proj = v.get("decoder/projection/weight")
-    sd["proj_out.weight"] = g("decoder/projection/weight") if proj is not None else sd[f"{dd}.embed_tokens.weight"]
+    sd["proj_out.weight"] = (
+        g("decoder/projection/weight") if proj is not None else sd[f"{dd}.embed_tokens.weight"]
+    )
     emb = sd[f"{dd}.embed_tokens.weight"]
     shape = {
         "vocab_size": int(emb.shape[0]),

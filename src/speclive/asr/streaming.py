@@ -60,7 +60,12 @@ class Partial:
             "committed": self.committed_text,
             "tentative": " ".join(w.text for w in self.tentative),
             "words": [
-                {"text": w.text, "start": round(w.start, 2), "end": round(w.end, 2), "committed": i < len(self.committed)}
+                {
+                    "text": w.text,
+                    "start": round(w.start, 2),
+                    "end": round(w.end, 2),
+                    "committed": i < len(self.committed),
+                }
                 for i, w in enumerate(self.committed + self.tentative)
             ],
             "final": self.final,
@@ -180,7 +185,9 @@ class OnlineASR:
             return Partial(list(st.committed), [], self.received, final=True)
         agree = 0
         while (
-            agree < len(new) and agree < len(st.previous) and _norm(new[agree].text) == _norm(st.previous[agree].text)
+            agree < len(new)
+            and agree < len(st.previous)
+            and _norm(new[agree].text) == _norm(st.previous[agree].text)
         ):
             agree += 1
         st.committed.extend(new[:agree])
@@ -228,7 +235,12 @@ def faster_whisper_words(transcriber: Any, audio: np.ndarray) -> list[Word]:
     if transcriber._fw is None:
         transcriber.transcribe(np.zeros(SAMPLE_RATE // 10, dtype=np.float32) + 0.01)
     segs, _ = transcriber._fw.transcribe(
-        audio, language="en", beam_size=1, temperature=0.0, word_timestamps=True, condition_on_previous_text=False
+        audio,
+        language="en",
+        beam_size=1,
+        temperature=0.0,
+        word_timestamps=True,
+        condition_on_previous_text=False,
     )
     return [Word(w.word.strip(), float(w.start), float(w.end)) for s in segs for w in (s.words or [])]
 

@@ -214,7 +214,9 @@ class Transcriber:
 
             ref = resolve(self.cfg.model)
             path = str(ref.path) if ref.path is not None else self.cfg.model
-            self._fw = WhisperModel(path, device="cpu", compute_type="float32", cpu_threads=self.cfg.threads or 0)
+            self._fw = WhisperModel(
+                path, device="cpu", compute_type="float32", cpu_threads=self.cfg.threads or 0
+            )
         t0 = time.perf_counter()
         segs, _info = self._fw.transcribe(
             chunk,

@@ -150,7 +150,9 @@ class WhisperBackend(Backend):
         if vocab_limit is not None:
             if vocab_limit < 1:
                 raise ConfigError(f"vocab_limit must be >= 1, got {vocab_limit}")
-            ids = sorted(set(range(min(vocab_limit, self.vocab_size))) | set(range(specials.eos, self.vocab_size)))
+            ids = sorted(
+                set(range(min(vocab_limit, self.vocab_size))) | set(range(specials.eos, self.vocab_size))
+            )
             self._head_ids = torch.tensor(ids, dtype=torch.long)
             self.head = self.head.index_select(0, self._head_ids).contiguous()
             self.name += f"/v{vocab_limit}"

@@ -122,6 +122,10 @@ def add_bench_parser(subparsers: Any) -> None:
     g.add_argument("--no-plot", action="store_true")
     g.set_defaults(func=cmd_predgen)
 
+    from speclive.bench.asr_cli import add_asr_bench_parser
+
+    add_asr_bench_parser(sub)
+
 
 def _floats(text: str) -> list[float]:
     try:

@@ -112,7 +112,9 @@ class IdentityBridge(VocabBridge):
 class SpecASRDrafter(Drafter):
     name = "specasr"
 
-    def __init__(self, draft: Backend, config: SpecASRConfig | None = None, bridge: VocabBridge | None = None):
+    def __init__(
+        self, draft: Backend, config: SpecASRConfig | None = None, bridge: VocabBridge | None = None
+    ):
         cfg = config or SpecASRConfig()
         if not 0.0 <= cfg.threshold < 1.0:
             raise ConfigError(f"confidence threshold must be in [0, 1), got {cfg.threshold}")
@@ -236,7 +238,9 @@ class SpecASRDrafter(Drafter):
         trunk, probs, marks = self._trunk(dctx, budget)
         self._last, self._last_probs = dctx + trunk, probs
         ids = self.bridge.to_target(context, trunk)
-        tree = DraftTree.chain(ids, probs=probs[: len(ids)] if len(probs) >= len(ids) else None, source=self.name)
+        tree = DraftTree.chain(
+            ids, probs=probs[: len(ids)] if len(probs) >= len(ids) else None, source=self.name
+        )
         if self.cfg.sparse_tree and self.cfg.tree_verify and marks:
             for path in self._branches(dctx, trunk, marks):
                 extra = self.bridge.to_target(context, path)
