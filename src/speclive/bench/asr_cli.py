@@ -16,6 +16,7 @@ def add_asr_bench_parser(sub: Any) -> None:
     a.add_argument("--piper", type=int, default=5, help="Piper-synthesized MT-Bench sentences")
     a.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     a.add_argument("--tag", default=None, help="result file stem suffix (default: <model>)")
+    a.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     a.add_argument("--no-plot", action="store_true")
     a.set_defaults(func=cmd_asr_bench)
 
@@ -29,6 +30,11 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
         f"flock /tmp/speclive-cpu.lock speclive bench asr --model {args.model} --draft {args.draft} "
         f"--self-draft '{args.self_draft}' --piper {args.piper} --tag {tag}"
     )
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        command += f" --threads {args.threads}"
     result = run_asr_bench(
         args.model, args.draft, args.self_draft or None, args.piper, log=lambda m: print(m, file=sys.stderr)
     )
@@ -37,6 +43,7 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
         "models": {"target": args.model, "draft": args.draft, "self_draft": args.self_draft or "-"},
         "settings": {
             "precision": "fp32",
+            "torch_threads": __import__("torch").get_num_threads(),
             "decoding": "greedy, no timestamps, Whisper suppression rules",
             "specasr": "threshold 0.4, max_len 24, <=3 branches of <=3 tokens, match window +-1",
             "draft_vocab": "8192 most frequent ids + specials",
