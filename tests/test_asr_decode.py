@@ -18,6 +18,8 @@ VARIANTS = {
     "recycle": dict(specasr=SpecASRConfig(recycle=True)),
     "tree": dict(specasr=SpecASRConfig(recycle=True, sparse_tree=True)),
     "tree-no-verify": dict(specasr=SpecASRConfig(recycle=True, sparse_tree=True, tree_verify=False)),
+}
+SLOW_VARIANTS = {
     "fixed-tree": dict(specasr=SpecASRConfig(adaptive=False, max_len=12, sparse_tree=True)),
 }
 
@@ -37,9 +39,11 @@ def test_ar_transcribes_the_synthesized_speech(ar_results):
         assert r.stats.target_forwards == r.stats.new_tokens + 1  # AR: one pass per token (+EOS)
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize(
+    "name", list(VARIANTS) + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW_VARIANTS]
+)
 def test_speculative_methods_are_token_identical_to_ar(name, ar_results):
-    cfg = TranscribeConfig(model="whisper-tiny.en", draft="self:1", **VARIANTS[name])
+    cfg = TranscribeConfig(model="whisper-tiny.en", draft="self:1", **{**VARIANTS, **SLOW_VARIANTS}[name])
     tr = Transcriber(cfg, target=tiny())
     for (_, audio), ref in zip(clips_16k(), ar_results, strict=True):
         got = tr.transcribe(audio)

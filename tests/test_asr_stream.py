@@ -88,13 +88,13 @@ def test_real_stream_drives_ssbd_session(hf_smol):
     text, audio = clips_16k()[1]
     tr = Transcriber(TranscribeConfig(model="whisper-tiny.en", method="ar"), target=tiny())
     whole = tr.transcribe(audio).text
-    parts = list(stream_file(audio, transcriber_recognizer(tr), StreamConfig(step_s=1.0)))
+    parts = list(stream_file(audio, transcriber_recognizer(tr), StreamConfig(step_s=1.5)))
     assert isinstance(parts[-1], Partial) and parts[-1].final
     assert parts[-1].text.split()[-3:] == whole.split()[-3:]
     rec = _Recorder()
     final, updates = drive_session(rec, parts)
     assert final == parts[-1].text and len(updates) >= 1
-    session = ReTranslator(hf_smol, target_lang="de", max_tokens=24, beta=0.0)
+    session = ReTranslator(hf_smol, target_lang="de", max_tokens=12, beta=0.0)
     out, ups = drive_session(session, parts)
     assert out.final and out.source == parts[-1].text and out.output.strip()
     assert [u.source for u in ups] == rec.seen
