@@ -37,6 +37,8 @@ def test_markdown_and_plot(tmp_path):
                 "target_ms_10s": 100.0,
                 "total_ms_10s": 100.0 + 10 * i,
                 "encoder_ms_10s": 50.0,
+                "draft_encoder_ms_10s": 5.0,
+                "e2e_ms_10s": 160.0 + 10 * i,
                 "wer": 0.1,
                 "identical": True,
             }
