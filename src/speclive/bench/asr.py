@@ -307,8 +307,13 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
     t = [r["target_ms_10s"] or 0.0 for r in rows]
     other = [max(0.0, r["total_ms_10s"] - a - b) for r, a, b in zip(rows, d, t, strict=True)]
     a1.barh(ys, t, label="target (verify + prompt)")
-    a1.barh(ys, d, left=t, label="draft (incl. draft encoder)")
-    a1.barh(ys, other, left=[x + y for x, y in zip(t, d, strict=True)], label="other / faster-whisper total")
+    a1.barh(ys, d, left=t, label="draft passes")
+    a1.barh(
+        ys,
+        other,
+        left=[x + y for x, y in zip(t, d, strict=True)],
+        label="other (Python, bridge) / faster-whisper total",
+    )
     a1.set_yticks(list(ys), [r["label"] + (f"  [{r['draft']}]" if r["draft"] != "-" else "") for r in rows])
     a1.invert_yaxis()
     a1.set_xlabel("decoder ms per 10 s of audio")
