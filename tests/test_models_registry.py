@@ -153,6 +153,7 @@ def test_required_names_hub_ids_and_bundle() -> None:
         "smollm2-135m-instruct",
         "qwen2.5-coder-0.5b-instruct",
         "piper-joe-medium",
+        "whisper-tiny.en",
         "mt-bench",
         "humaneval",
     }

@@ -1,4 +1,4 @@
-"""The ``speclive`` command line: generate, models, bench, demo."""
+"""The ``speclive`` command line: generate, models, bench, demo, transcribe."""
 
 from __future__ import annotations
 
@@ -142,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     from speclive.speechlm.cli import add_speechlm_parser
 
     add_speechlm_parser(sub)
+
+    from speclive.asr.cli import add_transcribe_parser
+
+    add_transcribe_parser(sub)
 
     args = parser.parse_args(argv)
     try:

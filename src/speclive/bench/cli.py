@@ -142,6 +142,10 @@ def add_bench_parser(subparsers: Any) -> None:
 
     add_speechlm_bench_parser(sub)
 
+    from speclive.bench.asr_cli import add_asr_bench_parser
+
+    add_asr_bench_parser(sub)
+
 
 def _floats(text: str) -> list[float]:
     try:

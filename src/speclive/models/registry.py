@@ -193,7 +193,7 @@ _SPECS: tuple[ModelSpec, ...] = (
             ),
         ),
         description="Whisper tiny.en in CTranslate2 format (faster-whisper folder; vocab 51,864)",
-        in_default_bundle=False,
+        in_default_bundle=True,
         main_file="model.bin",
     ),
     ModelSpec(

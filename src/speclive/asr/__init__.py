@@ -1,0 +1,1 @@
+"""Speech recognition: Whisper backends, SpecASR decoding, streaming with LocalAgreement."""

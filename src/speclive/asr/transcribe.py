@@ -1,0 +1,242 @@
+"""Whole-file transcription: audio -> segments -> the one decode loop -> text + stats.
+
+Methods (``TranscribeConfig.method``):
+
+- ``ar``: greedy autoregressive decoding on the transformers Whisper backend (the reference);
+- ``sd``: plain speculative decoding with a fixed draft length (``sd_len``, no truncation);
+- ``specasr``: the SpecASR drafter (``drafting.specasr``) with the techniques in ``specasr``;
+- ``faster-whisper``: CTranslate2 greedy decoding (speed reference; its own runtime).
+
+Drafts (``draft``): ``"self"`` / ``"self:N"`` = the first N decoder layers of the target with a
+vocabulary-limited head (same vocabulary, shares the encoder pass); a model name or path =
+another Whisper model (same vocabulary: used as-is; other vocabulary: cross-vocabulary drafting,
+where SpecASR contributes its adaptive single-sequence prediction).
+
+Segments are at most 30 s (Whisper's window); a segment whose peak level is below
+``silence_peak`` is skipped (empty text, no hallucinated words on silence).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from speclive.asr.audio import SAMPLE_RATE, split_segments
+from speclive.asr.crossvocab import WhisperBridge
+from speclive.asr.whisper import WhisperBackend, load_whisper
+from speclive.decoder import GenerationConfig, SpeculativeDecoder
+from speclive.drafting.base import Drafter
+from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter
+from speclive.errors import ConfigError
+
+METHODS = ("ar", "sd", "specasr", "faster-whisper")
+
+
+@dataclass
+class TranscribeConfig:
+    #: target model (registry name, folder or hub id)
+    model: str = "whisper-base"
+    #: ar | sd | specasr | faster-whisper
+    method: str = "specasr"
+    #: "self", "self:N" (N decoder layers of the target) or another Whisper model
+    draft: str = "whisper-tiny.en"
+    #: decoder layers of the default self-draft
+    self_layers: int = 1
+    #: LM-head vocabulary of the self-draft (most frequent BPE ids + specials); None = full
+    self_vocab: int | None = 8192
+    #: LM-head vocabulary of a separate draft model (cross-vocabulary drafts re-tokenize, so a
+    #: short list costs little acceptance); None = full
+    draft_vocab: int | None = 8192
+    #: draft length of plain SD
+    sd_len: int = 8
+    #: SpecASR switches (defaults: every technique on)
+    specasr: SpecASRConfig = field(
+        default_factory=lambda: SpecASRConfig(recycle=True, sparse_tree=True, tree_verify=True)
+    )
+    #: longest segment handed to the model (Whisper's window is 30 s)
+    max_segment_s: float = 30.0
+    #: segments whose absolute peak is below this are silence (no decoding)
+    silence_peak: float = 1e-3
+    #: torch threads (None = torch's default)
+    threads: int | None = None
+
+
+@dataclass
+class SegmentResult:
+    start: float
+    end: float
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class TranscribeStats:
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    new_tokens: int = 0
+    decode_ms: float = 0.0
+    encode_ms: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    audio_s: float = 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Tokens committed per target forward pass (prompt pass excluded)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["mean_accepted"] = self.mean_accepted
+        return d
+
+
+@dataclass
+class Transcript:
+    text: str
+    segments: list[SegmentResult]
+    stats: TranscribeStats
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in self.segments],
+            "stats": self.stats.to_dict(),
+        }
+
+
+class Transcriber:
+    """Loads the models once; ``transcribe(audio)`` any number of times."""
+
+    def __init__(
+        self,
+        config: TranscribeConfig | None = None,
+        target: WhisperBackend | None = None,
+        draft_backend: WhisperBackend | None = None,
+    ):
+        self.cfg = cfg = config or TranscribeConfig()
+        if cfg.method not in METHODS:
+            raise ConfigError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
+        self._fw: Any = None
+        self.target: WhisperBackend | None = None
+        self.drafter: Drafter | None = None
+        self.draft_backend: WhisperBackend | None = None
+        if cfg.method == "faster-whisper":
+            return
+        self.target = target or load_whisper(cfg.model, threads=cfg.threads)
+        if cfg.method == "ar":
+            return
+        self.draft_backend = draft_backend or self._load_draft(cfg.draft)
+        self.drafter = self._make_drafter(self.draft_backend)
+        self.decoder = SpeculativeDecoder(self.target, self.drafter)
+
+    # ---- setup ----------------------------------------------------------------------
+    def _load_draft(self, spec: str) -> WhisperBackend:
+        assert self.target is not None
+        if spec == "self" or spec.startswith("self:"):
+            n = int(spec.split(":", 1)[1]) if ":" in spec else self.cfg.self_layers
+            return self.target.shallow(n, vocab_limit=self.cfg.self_vocab)
+        return load_whisper(spec, threads=self.cfg.threads, vocab_limit=self.cfg.draft_vocab)
+
+    def _make_drafter(self, draft: WhisperBackend) -> Drafter:
+        assert self.target is not None
+        cfg = self.cfg
+        bridge = None if draft.vocab_size == self.target.vocab_size else WhisperBridge(draft, self.target)
+        if cfg.method == "sd":  # plain SD: a fixed-length chain, no technique
+            plain = SpecASRConfig(max_len=cfg.sd_len, adaptive=False, recycle=False, sparse_tree=False)
+            return SpecASRDrafter(draft, plain, bridge)
+        return SpecASRDrafter(draft, cfg.specasr, bridge)
+
+    @property
+    def decoder_or_ar(self) -> SpeculativeDecoder:
+        if not hasattr(self, "decoder"):
+            assert self.target is not None
+            self.decoder = SpeculativeDecoder(self.target)
+        return self.decoder
+
+    def _backends_to_encode(self) -> list[WhisperBackend]:
+        out = [self.target] if self.target is not None else []
+        d = self.draft_backend
+        if d is not None and self.target is not None and d.context is not self.target.context:
+            out.append(d)
+        return out  # type: ignore[return-value]
+
+    # ---- transcription --------------------------------------------------------------
+    def transcribe(self, audio: np.ndarray) -> Transcript:
+        """Transcribe 16 kHz mono float32 audio (see ``asr.audio.load_audio``)."""
+        audio = np.asarray(audio, dtype=np.float32)
+        if audio.ndim != 1:
+            raise ConfigError(f"transcribe() expects mono audio, got shape {audio.shape}")
+        stats = TranscribeStats(audio_s=len(audio) / SAMPLE_RATE)
+        segments: list[SegmentResult] = []
+        for seg in split_segments(audio, self.cfg.max_segment_s):
+            chunk = audio[seg.start : seg.end]
+            if chunk.size == 0 or float(np.max(np.abs(chunk))) < self.cfg.silence_peak:
+                continue
+            ids, text = self._decode_segment(chunk, stats)
+            if text.strip():
+                segments.append(SegmentResult(seg.start_s, seg.end_s, text.strip(), ids))
+        return Transcript(" ".join(s.text for s in segments), segments, stats)
+
+    def _decode_segment(self, chunk: np.ndarray, stats: TranscribeStats) -> tuple[list[int], str]:
+        if self.cfg.method == "faster-whisper":
+            return self._faster_whisper(chunk, stats)
+        assert self.target is not None
+        for b in self._backends_to_encode():
+            stats.encode_ms += 1000 * b.set_audio(chunk)
+        dec = self.decoder_or_ar
+        draft_before = self.draft_backend.forward_calls if self.draft_backend is not None else 0
+        prompt = self.target.specials.prompt
+        gen = GenerationConfig(max_tokens=self.target.n_ctx - len(prompt) - 1, max_draft_nodes=64)
+        res = dec.run(prompt, gen)
+        st = res.stats
+        stats.target_forwards += st.target_forwards
+        stats.new_tokens += st.new_tokens
+        stats.decode_ms += 1000 * st.total_s
+        stats.draft_ms += 1000 * st.draft_s
+        stats.verify_ms += 1000 * (st.verify_s + st.prefill_s)
+        if self.draft_backend is not None:
+            stats.draft_forwards += self.draft_backend.forward_calls - draft_before
+        return res.token_ids, res.text
+
+    def _faster_whisper(self, chunk: np.ndarray, stats: TranscribeStats) -> tuple[list[int], str]:
+        if self._fw is None:
+            from faster_whisper import WhisperModel
+
+            from speclive.models.resolve import resolve
+
+            ref = resolve(self.cfg.model)
+            path = str(ref.path) if ref.path is not None else self.cfg.model
+            self._fw = WhisperModel(
+                path, device="cpu", compute_type="float32", cpu_threads=self.cfg.threads or 0
+            )
+        t0 = time.perf_counter()
+        segs, _info = self._fw.transcribe(
+            chunk,
+            language="en",
+            beam_size=1,
+            temperature=0.0,
+            without_timestamps=True,
+            condition_on_previous_text=False,
+            vad_filter=False,
+        )
+        ids: list[int] = []
+        texts: list[str] = []
+        for s in segs:
+            ids.extend(s.tokens)
+            texts.append(s.text)
+            stats.target_forwards += len(s.tokens) + 1
+        stats.new_tokens += len(ids)
+        stats.decode_ms += 1000 * (time.perf_counter() - t0)  # includes CT2's encoder
+        return ids, "".join(texts)
+
+    def close(self) -> None:
+        if hasattr(self, "decoder"):
+            self.decoder.close()

@@ -1,0 +1,402 @@
+"""Whisper as a speclive ``Backend``: the decoder with a static self-attention KV cache.
+
+``WhisperBackend`` wraps a transformers ``WhisperForConditionalGeneration`` (converted from the
+shipped CTranslate2 weights, see ``asr.ct2``, or loaded from any HF folder / hub id) and
+implements the engine's cache protocol (``extend`` with trees, ``keep``, ``truncate``,
+``fork``) over the *decoder*, so every decoding method runs through ``SpeculativeDecoder``.
+
+- ``set_audio(audio)`` runs the encoder once per segment and precomputes every layer's
+  cross-attention keys/values into an ``AudioContext``; it invalidates the caches of all states
+  bound to that context (their tokens were conditioned on the previous audio).
+- The decoder forward is written out over fused weights (one QKV matmul per layer) with
+  preallocated per-state KV tensors ``[layers, heads, n_ctx, head_dim]``: a step writes its
+  rows in place, ``keep`` moves the accepted tree rows down, ``truncate`` only shortens the
+  logical length. This keeps Python and allocation overhead small, which on a CPU decides
+  whether speculation pays.
+- ``shallow(n)`` returns a self-draft sharing the model, the audio context and the LM head but
+  running only the first ``n`` decoder layers: same vocabulary, no second encoder pass.
+- Whisper's logit rules (``suppress_tokens``, ``begin_suppress_tokens`` at the first generated
+  position, no timestamps in ``<|notimestamps|>`` mode) are applied inside ``extend``, so greedy
+  AR and every speculative method see the same logits and stay token-identical.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speclive.backends.base import Backend, BackendState
+from speclive.errors import ConfigError
+from speclive.tokenizer import Tokenizer
+
+# t(k)/t(1) prior for a small Whisper decoder on a CPU (weight reads dominate small k);
+# replaced online by measurements
+_WHISPER_PRIOR = {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.45, 16: 1.9, 32: 2.8, 64: 4.6}
+
+
+@dataclass
+class WhisperSpecials:
+    """Special token ids and the logit rules of one Whisper vocabulary."""
+
+    sot: int
+    eos: int
+    no_timestamps: int
+    #: decoder prompt (start of transcript, language, task, no timestamps)
+    prompt: list[int]
+    #: ids never generated
+    suppress: list[int] = field(default_factory=list)
+    #: ids not allowed as the first generated token (blank, end of text)
+    suppress_begin: list[int] = field(default_factory=list)
+
+
+class AudioContext:
+    """Encoder output of the current segment, shared by backends on one model."""
+
+    def __init__(self) -> None:
+        self.cross_k: list[Any] = []
+        self.cross_v: list[Any] = []
+        self.encoder_out: Any = None
+        self.epoch = 0
+        self.encode_s = 0.0
+        self.states: weakref.WeakSet[WhisperState] = weakref.WeakSet()
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.cross_k)
+
+
+@dataclass(eq=False)
+class WhisperState(BackendState):
+    k: Any = None
+    v: Any = None
+
+    __hash__ = object.__hash__
+
+
+class _Layer:
+    """Fused float32 weights of one decoder layer."""
+
+    def __init__(self, layer: Any, torch: Any):
+        sa, ca = layer.self_attn, layer.encoder_attn
+
+        def b(lin: Any) -> Any:
+            return lin.bias if lin.bias is not None else torch.zeros(lin.out_features)
+
+        with torch.no_grad():
+            self.qkv_w = torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).contiguous()
+            self.qkv_b = torch.cat([b(sa.q_proj), b(sa.k_proj), b(sa.v_proj)]).contiguous()
+            self.ckv_w = torch.cat([ca.k_proj.weight, ca.v_proj.weight]).contiguous()
+            self.ckv_b = torch.cat([b(ca.k_proj), b(ca.v_proj)]).contiguous()
+        self.o_w, self.o_b = sa.out_proj.weight, b(sa.out_proj)
+        self.cq_w, self.cq_b = ca.q_proj.weight, b(ca.q_proj)
+        self.co_w, self.co_b = ca.out_proj.weight, b(ca.out_proj)
+        self.ln1 = (layer.self_attn_layer_norm.weight, layer.self_attn_layer_norm.bias)
+        self.ln2 = (layer.encoder_attn_layer_norm.weight, layer.encoder_attn_layer_norm.bias)
+        self.ln3 = (layer.final_layer_norm.weight, layer.final_layer_norm.bias)
+        self.fc1 = (layer.fc1.weight, layer.fc1.bias)
+        self.fc2 = (layer.fc2.weight, layer.fc2.bias)
+        self.eps = layer.self_attn_layer_norm.eps
+
+
+class WhisperBackend(Backend):
+    """A Whisper decoder behind the engine's Backend protocol (module docstring)."""
+
+    kind = "whisper"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Tokenizer,
+        specials: WhisperSpecials,
+        name: str = "whisper",
+        n_layers: int | None = None,
+        context: AudioContext | None = None,
+        vocab_limit: int | None = None,
+        _layers: list[_Layer] | None = None,
+    ):
+        import torch
+
+        self.torch = torch
+        self.F = torch.nn.functional
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.specials = specials
+        cfg = model.config
+        dec = model.model.decoder
+        self.vocab_size = int(cfg.vocab_size)
+        self.n_ctx = int(cfg.max_target_positions)
+        self.n_heads = int(cfg.decoder_attention_heads)
+        self.d_model = int(cfg.d_model)
+        self.head_dim = self.d_model // self.n_heads
+        self.all_layers = _layers or [_Layer(layer, torch) for layer in dec.layers]
+        total = len(self.all_layers)
+        self.n_layers = total if n_layers is None else int(n_layers)
+        if not 1 <= self.n_layers <= total:
+            raise ConfigError(f"n_layers must be in [1, {total}], got {n_layers}")
+        self.layers = self.all_layers[: self.n_layers]
+        self.name = name if self.n_layers == total else f"{name}[:{self.n_layers}]"
+        self.embed = dec.embed_tokens.weight
+        self.pos = dec.embed_positions.weight
+        self.ln_f = (dec.layer_norm.weight, dec.layer_norm.bias)
+        self.head = model.proj_out.weight
+        # a draft may score only the ``vocab_limit`` most frequent BPE ids (low ids = early
+        # merges) plus the special tokens: a much cheaper LM head, only draft quality changes
+        self._head_ids: Any = None
+        if vocab_limit is not None:
+            if vocab_limit < 1:
+                raise ConfigError(f"vocab_limit must be >= 1, got {vocab_limit}")
+            ids = sorted(
+                set(range(min(vocab_limit, self.vocab_size))) | set(range(specials.eos, self.vocab_size))
+            )
+            self._head_ids = torch.tensor(ids, dtype=torch.long)
+            self.head = self.head.index_select(0, self._head_ids).contiguous()
+            self.name += f"/v{vocab_limit}"
+        self.context = context or AudioContext()
+        self.prompt_len = len(specials.prompt)
+        self._suppress = torch.tensor(sorted(set(specials.suppress)), dtype=torch.long)
+        self._suppress_begin = torch.tensor(sorted(set(specials.suppress_begin)), dtype=torch.long)
+        self._fe: Any = None
+        super().__init__()
+
+    def default_cost_prior(self) -> dict[int, float]:
+        return _WHISPER_PRIOR
+
+    # ---- construction ---------------------------------------------------------------
+    def shallow(self, n_layers: int, vocab_limit: int | None = None) -> WhisperBackend:
+        """A self-draft: the first ``n_layers`` decoder layers and the same (optionally
+        vocabulary-limited) head, sharing this backend's audio context (no second encoder pass)."""
+        return WhisperBackend(
+            self.model,
+            self.tokenizer,
+            self.specials,
+            name=self.name,
+            n_layers=n_layers,
+            context=self.context,
+            vocab_limit=vocab_limit,
+            _layers=self.all_layers,
+        )
+
+    @property
+    def feature_extractor(self) -> Any:
+        if self._fe is None:
+            from transformers import WhisperFeatureExtractor
+
+            self._fe = WhisperFeatureExtractor(feature_size=int(self.model.config.num_mel_bins))
+        return self._fe
+
+    # ---- audio ----------------------------------------------------------------------
+    def set_audio(self, audio: np.ndarray) -> float:
+        """Encode one segment (16 kHz mono, at most 30 s); returns the encoder seconds.
+
+        Every state bound to this audio context is emptied: its tokens belonged to other audio.
+        """
+        torch = self.torch
+        t0 = time.perf_counter()
+        feats = self.feature_extractor(
+            np.asarray(audio, dtype=np.float32), sampling_rate=16_000, return_tensors="pt"
+        ).input_features
+        with torch.inference_mode():
+            enc = self.model.model.encoder(feats.to(self.embed.dtype)).last_hidden_state[0]
+            ctx = self.context
+            ctx.encoder_out = enc
+            ctx.cross_k, ctx.cross_v = [], []
+            h, hd = self.n_heads, self.head_dim
+            for layer in self.all_layers:
+                kv = self.F.linear(enc, layer.ckv_w, layer.ckv_b)
+                k, v = kv.split(self.d_model, dim=-1)
+                ctx.cross_k.append(k.reshape(-1, h, hd).transpose(0, 1).contiguous())
+                ctx.cross_v.append(v.reshape(-1, h, hd).transpose(0, 1).contiguous())
+        ctx.epoch += 1
+        for st in list(ctx.states):
+            st.tokens.clear()
+            st.pending = st.pending_parents = None
+        ctx.encode_s = time.perf_counter() - t0
+        return ctx.encode_s
+
+    # ---- protocol -------------------------------------------------------------------
+    def new_state(self) -> WhisperState:
+        torch = self.torch
+        shape = (len(self.all_layers), self.n_heads, self.n_ctx, self.head_dim)
+        st = WhisperState(k=torch.zeros(shape), v=torch.zeros(shape))
+        self.context.states.add(st)
+        return st
+
+    def _extend(
+        self, state: BackendState, tokens: list[int], parents: list[int] | None, last_only: bool = False
+    ) -> np.ndarray:
+        torch, F = self.torch, self.F
+        assert isinstance(state, WhisperState)
+        if not self.context.ready:
+            raise RuntimeError(f"{self.name}: call set_audio() before decoding")
+        past = len(state.tokens)
+        n = len(tokens)
+        end = past + n
+        ids = torch.tensor(tokens, dtype=torch.long)
+        mask = None
+        if parents is None:
+            pos_list = list(range(past, end))
+            if n > 1:
+                allowed = np.ones((n, end), dtype=bool)
+                allowed[:, past:] = np.tril(np.ones((n, n), dtype=bool))
+                mask = torch.from_numpy(allowed)
+        else:
+            depth = [0] * n
+            allowed = np.zeros((n, end), dtype=bool)
+            allowed[:, :past] = True
+            for i, p in enumerate(parents):
+                if p >= 0:
+                    depth[i] = depth[p] + 1
+                    allowed[i, past:] = allowed[p, past:]
+                allowed[i, past + i] = True
+            pos_list = [past + d for d in depth]
+            mask = torch.from_numpy(allowed)
+        h, hd = self.n_heads, self.head_dim
+        with torch.inference_mode():
+            x = self.embed[ids] + self.pos[torch.tensor(pos_list, dtype=torch.long)]
+            ck, cv = self.context.cross_k, self.context.cross_v
+            for li, L in enumerate(self.layers):
+                y = F.layer_norm(x, (self.d_model,), *L.ln1, L.eps)
+                qkv = F.linear(y, L.qkv_w, L.qkv_b).view(n, 3, h, hd).permute(1, 2, 0, 3)
+                state.k[li, :, past:end] = qkv[1]
+                state.v[li, :, past:end] = qkv[2]
+                a = F.scaled_dot_product_attention(
+                    qkv[0], state.k[li, :, :end], state.v[li, :, :end], attn_mask=mask
+                )
+                x = x + F.linear(a.transpose(0, 1).reshape(n, self.d_model), L.o_w, L.o_b)
+                y = F.layer_norm(x, (self.d_model,), *L.ln2, L.eps)
+                q = F.linear(y, L.cq_w, L.cq_b).view(n, h, hd).transpose(0, 1)
+                a = F.scaled_dot_product_attention(q, ck[li], cv[li])
+                x = x + F.linear(a.transpose(0, 1).reshape(n, self.d_model), L.co_w, L.co_b)
+                y = F.layer_norm(x, (self.d_model,), *L.ln3, L.eps)
+                x = x + F.linear(F.gelu(F.linear(y, *L.fc1)), *L.fc2)
+            if last_only:
+                x = x[-1:]
+                pos_list = pos_list[-1:]
+            x = F.layer_norm(x, (self.d_model,), *self.ln_f, self.layers[0].eps)
+            logits = F.linear(x, self.head)
+            if self._head_ids is not None:
+                full = torch.full((logits.shape[0], self.vocab_size), float("-inf"))
+                full[:, self._head_ids] = logits
+                logits = full
+            self._apply_rules(logits, pos_list)
+        return logits.numpy()
+
+    def _apply_rules(self, logits: Any, positions: list[int]) -> None:
+        """Whisper's logit suppression (in place), identical for every decoding method."""
+        ninf = float("-inf")
+        if len(self._suppress):
+            logits.index_fill_(1, self._suppress, ninf)
+        first = self.prompt_len - 1  # the node at this position predicts the first output token
+        if len(self._suppress_begin) and first in positions:
+            rows = [i for i, p in enumerate(positions) if p == first]
+            logits[rows] = logits[rows].index_fill(1, self._suppress_begin, ninf)
+        ts = self.specials.no_timestamps + 1
+        if self.specials.no_timestamps in self.specials.prompt and ts < logits.shape[1]:
+            logits[:, ts:] = ninf
+
+    def _compact(self, state: BackendState, keep_idx: list[int]) -> None:
+        assert isinstance(state, WhisperState)
+        base = 0
+        while base < len(keep_idx) and keep_idx[base] == base:
+            base += 1
+        rows = keep_idx[base:]
+        if not rows:
+            return
+        idx = self.torch.tensor(rows, dtype=self.torch.long)
+        m = len(rows)
+        state.k[:, :, base : base + m] = state.k.index_select(2, idx)
+        state.v[:, :, base : base + m] = state.v.index_select(2, idx)
+
+    def _truncate(self, state: BackendState, n: int) -> None:
+        pass  # rows past len(state.tokens) are dead and get overwritten by the next extend
+
+    def fork(self, state: BackendState) -> WhisperState:
+        assert isinstance(state, WhisperState)
+        if state.pending is not None:
+            raise RuntimeError("cannot fork a state with a pending tree extension")
+        new = WhisperState(tokens=list(state.tokens), k=state.k.clone(), v=state.v.clone())
+        self.context.states.add(new)
+        return new
+
+    def release(self, state: BackendState) -> None:
+        assert isinstance(state, WhisperState)
+        state.tokens.clear()
+        state.pending = state.pending_parents = None
+
+    # ---- reference ------------------------------------------------------------------
+    def reference_logits(self, tokens: list[int]) -> np.ndarray:
+        """Logits of a fresh full forward through transformers' own decoder (for checks)."""
+        torch = self.torch
+        if self.n_layers != len(self.all_layers):
+            raise ConfigError("reference_logits is for the full model only")
+        enc = self.context.encoder_out
+        with torch.inference_mode():
+            out = self.model(encoder_outputs=(enc[None],), decoder_input_ids=torch.tensor([tokens]))
+        with torch.inference_mode():
+            logits = out.logits[0].float()
+            self._apply_rules(logits, list(range(len(tokens))))
+        return logits.numpy()
+
+
+# ---- loading ----------------------------------------------------------------------------
+def _specials_from_tokenizer(hf_tok: Any, vocab_size: int) -> WhisperSpecials:
+    def tid(tok: str) -> int | None:
+        i = hf_tok.convert_tokens_to_ids(tok)
+        return i if isinstance(i, int) and i >= 0 and i != hf_tok.unk_token_id else None
+
+    sot, eos, nots = tid("<|startoftranscript|>"), tid("<|endoftext|>"), tid("<|notimestamps|>")
+    if sot is None or eos is None or nots is None:
+        raise ConfigError("tokenizer lacks Whisper's special tokens (<|startoftranscript|> ...)")
+    en, transcribe = tid("<|en|>"), tid("<|transcribe|>")
+    multilingual = vocab_size >= 51865 and en is not None and transcribe is not None
+    prompt = [sot, en, transcribe, nots] if multilingual else [sot, nots]  # type: ignore[list-item]
+    return WhisperSpecials(sot=sot, eos=eos, no_timestamps=nots, prompt=prompt)
+
+
+def load_whisper(
+    spec: str | Path, name: str | None = None, threads: int | None = None, vocab_limit: int | None = None
+) -> WhisperBackend:
+    """A Whisper backend from a registry name, a CTranslate2 or HF folder, or a hub id.
+
+    ``vocab_limit`` (drafts only) scores just the most frequent ids plus the special tokens.
+    """
+    import torch
+
+    from speclive.models.resolve import resolve
+
+    if threads:
+        torch.set_num_threads(threads)
+    ref = resolve(str(spec))
+    folder = ref.path
+    is_ct2 = folder is not None and (folder / "model.bin").exists()
+    if is_ct2:
+        from transformers import PreTrainedTokenizerFast
+
+        from speclive.asr.ct2 import load_ct2_whisper, read_ct2_config
+
+        assert folder is not None
+        hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+        ct2_cfg = read_ct2_config(folder)
+        probe = _specials_from_tokenizer(hf_tok, len(hf_tok))
+        model = load_ct2_whisper(folder, {"eos": probe.eos, "sot": probe.sot})
+        specials = _specials_from_tokenizer(hf_tok, int(model.config.vocab_size))
+        specials.suppress = [int(i) for i in ct2_cfg.get("suppress_ids", [])]
+        specials.suppress_begin = [int(i) for i in ct2_cfg.get("suppress_ids_begin", [])]
+    else:
+        from transformers import AutoTokenizer, WhisperForConditionalGeneration
+
+        src = str(folder) if folder is not None else str(ref.hub_id or spec)
+        model = WhisperForConditionalGeneration.from_pretrained(src, dtype=torch.float32)
+        hf_tok = AutoTokenizer.from_pretrained(src)
+        specials = _specials_from_tokenizer(hf_tok, int(model.config.vocab_size))
+        gen = getattr(model, "generation_config", None)
+        specials.suppress = [int(i) for i in (getattr(gen, "suppress_tokens", None) or [])]
+        specials.suppress_begin = [int(i) for i in (getattr(gen, "begin_suppress_tokens", None) or [])]
+    return WhisperBackend(
+        model.float().eval(), Tokenizer(hf_tok), specials, name=name or ref.name, vocab_limit=vocab_limit
+    )

@@ -1,0 +1,60 @@
+"""``speclive bench asr`` argument parsing and result files (``benchmarks/results/asr-<tag>.*``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_asr_bench_parser(sub: Any) -> None:
+    a = sub.add_parser("asr", help="Whisper: AR vs plain SD vs SpecASR ablation, WER, cost curve")
+    a.add_argument("--model", default="whisper-base", help="Whisper target")
+    a.add_argument("--draft", default="whisper-tiny.en", help="draft model (other vocabularies are bridged)")
+    a.add_argument("--self-draft", default="self:2", help="also run a shallow self-draft ('' = skip)")
+    a.add_argument("--piper", type=int, default=5, help="Piper-synthesized MT-Bench sentences")
+    a.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    a.add_argument("--tag", default=None, help="result file stem suffix (default: <model>)")
+    a.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    a.add_argument("--no-plot", action="store_true")
+    a.set_defaults(func=cmd_asr_bench)
+
+
+def cmd_asr_bench(args: argparse.Namespace) -> int:
+    from speclive.bench.asr import markdown, plot, run_asr_bench
+    from speclive.bench.report import machine_info, write_result_files
+
+    tag = args.tag or args.model
+    command = (
+        f"flock /tmp/speclive-cpu.lock speclive bench asr --model {args.model} --draft {args.draft} "
+        f"--self-draft '{args.self_draft}' --piper {args.piper} --tag {tag}"
+    )
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        command += f" --threads {args.threads}"
+    result = run_asr_bench(
+        args.model, args.draft, args.self_draft or None, args.piper, log=lambda m: print(m, file=sys.stderr)
+    )
+    result["header"] = {
+        "machine": machine_info(),
+        "models": {"target": args.model, "draft": args.draft, "self_draft": args.self_draft or "-"},
+        "settings": {
+            "precision": "fp32",
+            "torch_threads": __import__("torch").get_num_threads(),
+            "decoding": "greedy, no timestamps, Whisper suppression rules",
+            "specasr": "threshold 0.4, max_len 24, <=3 branches of <=3 tokens, match window +-1",
+            "draft_vocab": "8192 most frequent ids + specials",
+        },
+        "skipped": [
+            "transformers assistant_model: base and tiny.en have different vocabularies (51865 vs 51864)"
+        ],
+        "command": command,
+    }
+    paths = write_result_files(result, args.out, f"asr-{tag}", markdown, None if args.no_plot else plot)
+    for p in paths:
+        print(f"wrote {p}", file=sys.stderr)
+    print(markdown(result))
+    return 0

@@ -1,0 +1,113 @@
+"""WhisperBackend: CTranslate2 conversion and the cache protocol vs fresh transformers forwards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from asr_fixtures import clips_16k, tiny
+
+from speclive.drafting.tree import DraftTree
+
+
+def _logp(x: np.ndarray) -> np.ndarray:
+    m = np.where(np.isfinite(x), x, -1e30).max(-1, keepdims=True)
+    e = np.where(np.isfinite(x), np.exp(x - m), 0.0)
+    return np.where(np.isfinite(x), x - m - np.log(e.sum(-1, keepdims=True)), -1e30)
+
+
+def _close(a: np.ndarray, b: np.ndarray, tol: float = 2e-3) -> None:
+    assert a.shape == b.shape
+    assert (np.isfinite(a) == np.isfinite(b)).all()
+    d = np.abs(_logp(a) - _logp(b))
+    assert d.max() < tol, d.max()
+
+
+@pytest.fixture(scope="module")
+def wb():
+    b = tiny()
+    b.set_audio(clips_16k()[0][1])
+    return b
+
+
+@pytest.fixture(scope="module")
+def prefix(wb) -> list[int]:
+    return wb.specials.prompt + wb.tokenizer.encode(" The quick brown fox")
+
+
+def _fresh(b, tokens):
+    s = b.new_state()
+    return b.extend(s, tokens)
+
+
+def test_ct2_conversion_matches_transformers_forward(wb, prefix):
+    """The static-KV decoder over converted weights equals transformers' own Whisper forward."""
+    _close(_fresh(wb, prefix), wb.reference_logits(prefix), tol=1e-3)
+    cfg = wb.model.config
+    assert (cfg.d_model, cfg.decoder_layers, cfg.vocab_size) == (384, 4, 51864)
+
+
+def test_chain_extend_in_pieces_equals_fresh(wb, prefix):
+    s = wb.new_state()
+    a = wb.extend(s, prefix[:3])
+    b = wb.extend(s, prefix[3:])
+    _close(np.concatenate([a, b]), _fresh(wb, prefix))
+
+
+def test_tree_extend_and_keep_equal_fresh(wb, prefix):
+    s = wb.new_state()
+    wb.extend(s, prefix)
+    t = DraftTree()
+    a = t.add(wb.tokenizer.encode(" jumps")[0], -1)
+    t.add(wb.tokenizer.encode(" over")[0], a)
+    b = t.add(wb.tokenizer.encode(" runs")[0], -1)
+    t.add(wb.tokenizer.encode(" away")[0], b)
+    logits = wb.extend(s, t.tokens, t.parents)
+    for path in t.paths():
+        _close(logits[path], _fresh(wb, prefix + [t.tokens[i] for i in path])[len(prefix) :])
+    wb.keep(s, [2, 3])
+    assert s.tokens == prefix + [t.tokens[2], t.tokens[3]]
+    nxt = wb.extend(s, [wb.tokenizer.encode(".")[0]])
+    _close(nxt, _fresh(wb, s.tokens)[-1:])
+
+
+def test_truncate_fork_and_wrong_tree(wb, prefix):
+    s = wb.new_state()
+    wb.extend(s, prefix + [11, 12, 13])
+    f = wb.fork(s)
+    wb.truncate(s, len(prefix))
+    got = wb.extend(s, [14])
+    _close(got, _fresh(wb, prefix + [14])[-1:])
+    _close(wb.extend(f, [15]), _fresh(wb, prefix + [11, 12, 13, 15])[-1:])
+    # a node hung under the wrong parent sees other tokens: logits must differ clearly
+    s2 = wb.new_state()
+    wb.extend(s2, prefix)
+    wrong = wb.extend(s2, [11, 12], [-1, -1])[1]
+    right = _fresh(wb, prefix + [11, 12])[-1]
+    assert np.abs(_logp(wrong[None]) - _logp(right[None])).max() > 0.05
+
+
+def test_set_audio_invalidates_states_and_shallow_shares_context(wb, prefix):
+    shallow = wb.shallow(1, vocab_limit=1000)
+    s, d = wb.new_state(), shallow.new_state()
+    wb.extend(s, prefix)
+    shallow.extend(d, prefix)
+    before = _fresh(wb, prefix)
+    wb.set_audio(clips_16k()[1][1])
+    assert s.tokens == [] and d.tokens == []
+    after = _fresh(wb, prefix)
+    assert np.abs(_logp(after) - _logp(before)).max() > 0.1  # other audio, other logits
+    row = shallow.extend(d, prefix)[-1]
+    assert np.isfinite(row).sum() <= 1000 + (wb.vocab_size - wb.specials.eos)
+    assert shallow.vocab_size == wb.vocab_size and shallow.n_layers == 1
+    wb.set_audio(clips_16k()[0][1])
+
+
+def test_suppression_rules_applied(wb):
+    s = wb.new_state()
+    row = wb.extend(s, wb.specials.prompt)[-1]
+    sp = wb.specials
+    assert np.isneginf(row[sp.suppress]).all()
+    assert np.isneginf(row[sp.suppress_begin]).all()  # first generated position
+    assert np.isneginf(row[sp.no_timestamps + 1 :]).all()
+    nxt = wb.extend(s, [wb.tokenizer.encode(" The")[0]])[-1]
+    assert np.isfinite(nxt[sp.eos])  # begin rules only at the first position

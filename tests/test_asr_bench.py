@@ -1,0 +1,60 @@
+"""``speclive bench asr`` pieces that need no model run: normalization, recycling alignment, reports."""
+
+from __future__ import annotations
+
+from asr_fixtures import tiny
+
+from speclive.bench.asr import COLUMNS, _norm, default_variants, markdown, plot
+from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter
+
+
+def test_wer_normalization():
+    assert _norm("He was not an ill-disposed young man.") == "he was not an ill disposed young man"
+    assert _norm("  Mr. John's  dog!") == "mr john's dog"
+
+
+def test_recycling_aligns_the_rejected_draft():
+    d = SpecASRDrafter(tiny().shallow(1), SpecASRConfig(recycle=True))
+    d._last, d._last_probs = [1, 2, 3, 10, 11, 12, 13], [0.9, 0.8, 0.7, 0.6]
+    # 10 accepted, the bonus 99 replaced 11: the old rest after it is 12, 13
+    assert d._old_rest([1, 2, 3, 10, 99]) == ([12, 13], [0.7, 0.6])
+    assert d._old_rest([1, 2, 3, 10, 11, 12, 13, 5]) == ([], [])  # all accepted: nothing left
+    assert d._match(12, 1, [12, 13]) == 0 and d._match(13, 0, [12, 13]) == 1 and d._match(7, 0, [12]) == -1
+    off = SpecASRDrafter(tiny().shallow(1), SpecASRConfig(recycle=False))
+    off._last, off._last_probs = d._last, d._last_probs
+    assert off._old_rest([1, 2, 3, 10, 99]) == ([], [])
+
+
+def test_markdown_and_plot(tmp_path):
+    rows = []
+    for i, v in enumerate(default_variants("whisper-tiny.en", "self:1")):
+        rows.append(
+            {
+                "label": v.label,
+                "draft": v.draft or "-",
+                "method": v.method,
+                "draft_ms_10s": 10.0 * i,
+                "target_ms_10s": 100.0,
+                "total_ms_10s": 100.0 + 10 * i,
+                "encoder_ms_10s": 50.0,
+                "draft_encoder_ms_10s": 5.0,
+                "e2e_ms_10s": 160.0 + 10 * i,
+                "wer": 0.1,
+                "identical": True,
+            }
+        )
+    result = {
+        "header": {"machine": {}, "command": "speclive bench asr"},
+        "clips": [1, 2],
+        "audio_s": 20.0,
+        "rows": rows,
+        "curve": [
+            {"k": 1, "ms": 10.0, "ratio": 1.0, "per_token_ms": 10.0},
+            {"k": 8, "ms": 20.0, "ratio": 2.0},
+        ],
+        "ideal_bound": 4.0,
+        "model": "whisper-base",
+    }
+    md = markdown(result)
+    assert "speclive bench asr" in md and "| + recycling |" in md and len(COLUMNS) > 10
+    assert plot(tmp_path / "a.png", result).stat().st_size > 1000

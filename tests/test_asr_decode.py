@@ -1,0 +1,108 @@
+"""Lossless SpecASR on whisper-tiny.en: every method and technique gives AR's token ids, per clip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from asr_fixtures import clips_16k, tiny
+
+from speclive.asr.crossvocab import WhisperBridge
+from speclive.asr.transcribe import TranscribeConfig, Transcriber
+from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter
+from speclive.errors import ConfigError
+
+VARIANTS = {
+    "sd8": dict(method="sd", sd_len=8),
+    "adaptive": dict(specasr=SpecASRConfig()),
+    "recycle": dict(specasr=SpecASRConfig(recycle=True)),
+    "tree": dict(specasr=SpecASRConfig(recycle=True, sparse_tree=True)),
+    "tree-no-verify": dict(specasr=SpecASRConfig(recycle=True, sparse_tree=True, tree_verify=False)),
+}
+SLOW_VARIANTS = {
+    "fixed-tree": dict(specasr=SpecASRConfig(adaptive=False, max_len=12, sparse_tree=True)),
+}
+
+
+@pytest.fixture(scope="module")
+def ar_results():
+    tr = Transcriber(TranscribeConfig(model="whisper-tiny.en", method="ar"), target=tiny())
+    return [tr.transcribe(a) for _, a in clips_16k()]
+
+
+def test_ar_transcribes_the_synthesized_speech(ar_results):
+    for (text, _), r in zip(clips_16k(), ar_results, strict=True):
+        want = [w.strip(".,").lower() for w in text.split()]
+        got = [w.strip(".,").lower() for w in r.text.split()]
+        hits = sum(1 for w in want if w in got)
+        assert hits >= len(want) - 2, (text, r.text)
+        assert r.stats.target_forwards == r.stats.new_tokens + 1  # AR: one pass per token (+EOS)
+
+
+@pytest.mark.parametrize(
+    "name", list(VARIANTS) + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW_VARIANTS]
+)
+def test_speculative_methods_are_token_identical_to_ar(name, ar_results):
+    cfg = TranscribeConfig(model="whisper-tiny.en", draft="self:1", **{**VARIANTS, **SLOW_VARIANTS}[name])
+    tr = Transcriber(cfg, target=tiny())
+    for (_, audio), ref in zip(clips_16k(), ar_results, strict=True):
+        got = tr.transcribe(audio)
+        assert got.token_ids == ref.token_ids, (name, got.text, ref.text)
+        assert got.text == ref.text
+        assert got.stats.draft_forwards > 0
+    tr.close()
+
+
+def test_bridged_drafter_is_identical_and_accepts(ar_results):
+    """The cross-vocabulary path (text re-tokenization) with every technique on."""
+    t = tiny()
+    draft = t.shallow(t.n_layers)  # a full-depth view: the bridge must keep its perfect drafts
+    drafter = SpecASRDrafter(
+        draft, SpecASRConfig(recycle=True, sparse_tree=True), bridge=WhisperBridge(draft, t)
+    )
+    tr = Transcriber(
+        TranscribeConfig(model="whisper-tiny.en", method="specasr"), target=t, draft_backend=draft
+    )
+    tr.drafter = drafter
+    tr.decoder.drafter = drafter
+    forwards = 0
+    for (_, audio), ref in zip(clips_16k(), ar_results, strict=True):
+        got = tr.transcribe(audio)
+        assert got.token_ids == ref.token_ids
+        forwards += got.stats.target_forwards
+    assert forwards < 0.5 * sum(r.stats.target_forwards for r in ar_results)  # drafts were accepted
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip(".,!?;:").lower() for w in text.split()]
+
+
+def test_faster_whisper_agrees_with_converted_model(ar_results):
+    """Conversion check: CTranslate2 (float32) and the converted transformers model agree word for
+    word (case and punctuation aside: a near-tie such as "The"/"the" can flip between runtimes)."""
+    pytest.importorskip("faster_whisper")
+    tr = Transcriber(TranscribeConfig(model="whisper-tiny.en", method="faster-whisper"))
+    for (_, audio), ref in zip(clips_16k(), ar_results, strict=True):
+        assert _words(tr.transcribe(audio).text) == _words(ref.text)
+
+
+def test_config_errors():
+    with pytest.raises(ConfigError):
+        Transcriber(TranscribeConfig(method="beam"))
+    with pytest.raises(ConfigError):
+        SpecASRDrafter(tiny().shallow(1), SpecASRConfig(threshold=1.5))
+
+
+def test_cli_transcribe_json(tmp_path, capsys):
+    from speclive.cli import main
+    from speclive.tts.base import Audio, write_wav
+
+    text, audio = clips_16k()[0]
+    wav = tmp_path / "a.wav"
+    write_wav(wav, Audio(audio, 16_000, 0.0))
+    rc = main(["transcribe", "--model", "whisper-tiny.en", "--draft", "self:1", "--json", str(wav)])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"text", "segments", "stats"}
+    assert {"target_forwards", "draft_forwards", "mean_accepted", "decode_ms"} <= set(out["stats"])
+    assert out["text"] and out["segments"][0]["start"] == 0.0
