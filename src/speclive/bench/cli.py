@@ -134,7 +134,7 @@ def add_bench_parser(subparsers: Any) -> None:
         "--judge", default=None, help="judge model for MT-Bench scores (e.g. qwen2.5-coder-1.5b-instruct)"
     )
     g.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    g.add_argument("--tag", default=None, help="results name (default: predgen-<model>-<backend>)")
+    g.add_argument("--tag", default=None, help="results name: predgen-<tag>.* (default: model-backend)")
     g.add_argument("--no-plot", action="store_true")
     g.set_defaults(func=cmd_predgen)
 
@@ -366,7 +366,7 @@ def cmd_predgen(args: argparse.Namespace) -> int:
     for m in args.methods:
         if m != "baseline":
             _parse_verifier(m)
-    tag = args.tag or f"predgen-{args.model}-{args.backend}"
+    tag = f"predgen-{args.tag}" if args.tag else f"predgen-{args.model}-{args.backend}"
     parts = [
         "speclive",
         "bench",
