@@ -63,6 +63,8 @@ def test_spread_words_covers_voiced_span():
 
 
 def test_silero_gate():
+    import llama_cpp  # noqa: F401  -- the VAD must load next to llama.cpp (a voice pipeline has both)
+
     gate = SileroGate()
     assert not gate.has_speech(np.zeros(SAMPLE_RATE, dtype=np.float32))
     assert gate.has_speech(clips_16k()[0][1])

