@@ -29,3 +29,14 @@ def llama_smol():
 @pytest.fixture(params=["hf", "llamacpp"])
 def any_smol(request):
     return request.getfixturevalue("hf_smol" if request.param == "hf" else "llama_smol")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: one intra-op thread (two fight each other on a shared 2-core machine)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

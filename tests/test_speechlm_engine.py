@@ -22,14 +22,7 @@ from speclive.speechlm.engine import AudioEvent, FinishEvent, TextEvent
 from speclive.speechlm.reference import reference_generate
 from speclive.speechlm.vocab import encode_text
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread (two fight each other on a shared 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,7 @@ from speclive.speechlm.kvcache import ContiguousAttention
 mg = pytest.importorskip("speclive.speechlm.musicgen")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread (two fight each other on a shared 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 T = 8

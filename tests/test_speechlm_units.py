@@ -15,14 +15,7 @@ from speclive.speechlm.phases import Phase, PhaseConfig, PhaseState, Region
 from speclive.speechlm.sampling import sample
 from speclive.speechlm.vocab import EOS, VocabLayout
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread (two fight each other on a shared 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 P = 99  # pad code in the hand-built grids
