@@ -31,6 +31,12 @@ MAX_TOKENS = 24
 NEAR_TIE = 0.5
 
 
+def first_divergence(out: Sequence[int], ref: Sequence[int], gaps: Sequence[float]) -> tuple[int, float]:
+    """Index of the first differing token and the reference's top-2 logit gap there."""
+    j = next((i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b), min(len(out), len(ref)))
+    return j, (gaps[j] if j < len(gaps) else 0.0)
+
+
 def greedy_reference(backend, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
     """Plain one-token-at-a-time greedy decoding, with the top-2 logit gap of every step."""
     s = backend.new_state()
@@ -135,10 +141,7 @@ def test_llamacpp_lossless_up_to_near_ties(llama_smol):
         accepted[name] = accepted.get(name, 0) + stats.accepted
         if out == ref:
             continue
-        j = next(
-            (i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b), min(len(out), len(ref))
-        )
-        gap = gaps[j] if j < len(gaps) else 0.0
+        j, gap = first_divergence(out, ref, gaps)
         (flips if gap < NEAR_TIE else bugs).append((name, text, j, gap))
     assert not bugs, bugs
     # SmolLM2 Q4_1 has many near-ties and k-token batches move logits by up to ~0.8 here, so

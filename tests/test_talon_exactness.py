@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 from prompts import ALL
-from test_exactness import NEAR_TIE, greedy_reference
+from test_exactness import NEAR_TIE, first_divergence, greedy_reference
 
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
 from speclive.drafting.asyncdraft import AsyncHybridDrafter
@@ -93,10 +93,7 @@ def test_llamacpp_talon_drafters_up_to_near_ties(llama_smol):
         acc[name] = acc.get(name, 0) + stats.accepted
         if out == ref:
             continue
-        j = next(
-            (i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b), min(len(out), len(ref))
-        )
-        gap = gaps[j] if j < len(gaps) else 0.0
+        j, gap = first_divergence(out, ref, gaps)
         (flips if gap < NEAR_TIE else bugs).append((name, text, j, gap))
     assert not bugs, bugs
     assert len(flips) <= len(results) // 2, flips
