@@ -50,6 +50,8 @@ class SuffixConfig:
     max_match: int = 32
     #: per-request store: shortest suffix that counts as a match (its n-gram index key)
     request_min_n: int = 2
+    #: largest learned factor between accepted and predicted draft nodes (per store and bucket)
+    calib_ceil: float = 2.5
     #: global store: shortest suffix that counts as a match
     global_min_match: int = 3
     #: continuations counted per lookup (spread evenly over the matches)
@@ -68,6 +70,8 @@ class SuffixConfig:
             raise ConfigError("suffix drafter: depth, max_nodes and max_match must be >= 1")
         if self.request_min_n < 1 or self.global_min_match < 1:
             raise ConfigError("suffix drafter: minimum match lengths must be >= 1")
+        if self.calib_ceil < 1.0:
+            raise ConfigError(f"suffix drafter: calib_ceil must be >= 1, got {self.calib_ceil}")
         if self.prior < 0 or self.min_gain <= 0:
             raise ConfigError("suffix drafter: prior must be >= 0 and min_gain > 0")
 
@@ -97,7 +101,9 @@ class SuffixDrafter(Drafter):
         self.cfg.validate()
         self.store = datastore
         self.request = RequestIndex(self.cfg.request_min_n, self.cfg.max_match)
-        self.calib = Calibrator()
+        # the ceiling lets a store whose drafts are nearly always accepted lift a single
+        # occurrence's raw score (1 / (1 + prior) = 0.5) to ~1, as the n-gram drafter learns
+        self.calib = Calibrator(ceil=self.cfg.calib_ceil)
         self.lookup_stats = LookupStats()
         self._lookup_ema: float | None = None
         self._off = 0
