@@ -14,10 +14,11 @@ Sub-commands:
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
+
+from speclive.bench.report import command_line
 
 DEFAULT_OUT = Path("benchmarks/results")
 
@@ -154,17 +155,13 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from e
 
 
-def _command(parts: list[str]) -> str:
-    return " ".join(shlex.quote(p) for p in parts)
-
-
 def cmd_costcurve(args: argparse.Namespace) -> int:
     from speclive.bench import report
     from speclive.bench.suites import measure_cost_curve, write_costcurve_outputs
     from speclive.loader import load_backend
 
     backend = load_backend(args.model, args.backend)
-    cmd = _command(
+    cmd = command_line(
         [
             "speclive",
             "bench",
@@ -232,7 +229,7 @@ def decode_command(args: argparse.Namespace) -> str:
     for flag in ("no_gap_check", "no_warmup"):
         if getattr(args, flag):
             parts.append("--" + flag.replace("_", "-"))
-    return _command(parts)
+    return command_line(parts)
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -345,7 +342,7 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
         out=args.out,
         tag=tag,
         plot=not args.no_plot,
-        command=_command(parts),
+        command=command_line(parts),
     )
     result = run_retranslate_bench(opts, log=lambda m: print(m, file=sys.stderr))
     for p in write_outputs(result, args.out, tag, plot_it=opts.plot):
@@ -405,7 +402,7 @@ def cmd_predgen(args: argparse.Namespace) -> int:
         out=args.out,
         tag=tag,
         plot=not args.no_plot,
-        command=_command(parts),
+        command=command_line(parts),
     )
     result = run_predgen_bench(opts, log=lambda m: print(m, file=sys.stderr))
     for p in write_outputs(result, args.out, tag, plot_it=opts.plot):
@@ -447,7 +444,7 @@ def cmd_talon(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         plot=not args.no_plot,
         datastore=args.datastore,
-        command=_command(parts),
+        command=command_line(parts),
     )
     try:
         result = run_talon(opts, hf_peers=args.hf_peers)

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -371,3 +372,8 @@ def loud(lines: Sequence[str]) -> None:
     """Print a banner to stderr that is hard to miss."""
     bar = "!" * 100
     print("\n".join([bar, *[f"!! {x}" for x in lines], bar]), file=sys.stderr, flush=True)
+
+
+def command_line(parts: list[str]) -> str:
+    """The shell command (quoted) that reproduces a result, for its header."""
+    return " ".join(shlex.quote(p) for p in parts)

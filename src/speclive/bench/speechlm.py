@@ -452,7 +452,6 @@ def add_speechlm_bench_parser(sub: Any) -> None:
 
 
 def cmd_speechlm(args: Any) -> int:
-    import shlex
     import sys
 
     from speclive.errors import ConfigError
@@ -477,7 +476,7 @@ def cmd_speechlm(args: Any) -> int:
         out=args.out,
         tag=tag,
         plot=not args.no_plot,
-        command=" ".join(shlex.quote(x) for x in parts),
+        command=report.command_line(parts),
     )
     result = run_speechlm_bench(o, log=lambda m: print(m, file=sys.stderr))
     for path in write_outputs(result, o.out, o.tag, plot_it=o.plot):
