@@ -220,20 +220,9 @@ class PredictiveResponder:
             events.close()
         stats = self.decoder.last_stats
         text = self.tok.decode(out)
-        if first_end < 0 and not final and not stats.finish_reason:
-            # interrupted before the first sentence was complete: nothing to pre-synthesize
-            return {
-                "t0": t0,
-                "ids": out,
-                "text": text,
-                "first": "",
-                "first_at": None,
-                "first_forwards": 0,
-                "forwards": judge_forwards + stats.prefill_forwards + stats.target_forwards,
-                "drafted": sum(stats.drafted_by_source.get(s, 0) for s in ("history", "forced")),
-                "accepted": sum(stats.accepted_by_source.get(s, 0) for s in ("history", "forced")),
-            }
-        if first_end < 0:  # the answer ended (or hit max_tokens) without a sentence end
+        # cut off by a deadline before the first sentence ended: no first sentence (yet)
+        cut_off = first_end < 0 and not final and not stats.finish_reason
+        if first_end < 0 and not cut_off:  # the answer ended (or hit max_tokens) without a sentence end
             first_end = len(text.rstrip()) if text.strip() else -1
             first_at = time.perf_counter()
             first_fw = judge_forwards + stats.prefill_forwards + stats.target_forwards
