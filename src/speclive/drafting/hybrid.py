@@ -23,8 +23,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from speclive.backends.base import Backend
 from speclive.drafting.base import AdaptiveConfig, AdaptiveLength
 from speclive.drafting.datastore import SuffixDatastore
@@ -68,27 +66,8 @@ class ModelSource:
         """
         t0 = time.perf_counter()
         logits = self.draft.sync(self.state, context)[-1]
-        toks: list[int] = []
-        probs: list[float] = []
-        if stop is None:
-            d = draft_chain(self.draft, self.state, logits, k, self.threshold)
-            toks, probs = d.tokens, d.probs
-        else:
-            row = logits
-            for i in range(k):
-                z = row.astype(np.float64)
-                z -= z.max()
-                p = np.exp(z)
-                p /= p.sum()
-                tok = int(np.argmax(p))
-                if p[tok] < self.threshold:
-                    break
-                toks.append(tok)
-                probs.append(float(p[tok]))
-                if i + 1 < k and not stop.is_set():  # type: ignore[attr-defined]
-                    row = self.draft.extend(self.state, [tok])[-1]
-                else:
-                    break
+        d = draft_chain(self.draft, self.state, logits, k, self.threshold, stop=stop)
+        toks, probs = d.tokens, d.probs
         self.seconds += time.perf_counter() - t0
         self.steps += max(1, len(toks))
         return toks, probs
