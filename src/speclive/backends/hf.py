@@ -3,6 +3,9 @@
 Trees are evaluated in one forward pass with a 4-D additive attention mask (every node sees
 the cached prefix and its own ancestors) and explicit per-node positions; ``keep`` compacts
 the ``DynamicCache`` tensors to the accepted path with one ``index_select`` per layer.
+
+On CPU in float32 every ``nn.Linear`` is swapped for a dual-layout one (``cpu_linear``): the
+stock kernels are slow at the 1–32 row shapes of decoding and verification.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class HFBackend(Backend):
         name: str = "model",
         n_ctx: int | None = None,
         threads: int | None = None,
+        fast_linear: bool = True,
     ):
         import torch
 
@@ -43,6 +47,12 @@ class HFBackend(Backend):
             torch.set_num_threads(threads)
         self.torch = torch
         self.model = model.eval()
+        #: what ``cpu_linear.install`` did (fp32 CPU models get dual-layout linears)
+        self.linear_info: dict[str, Any] = {"installed": False, "why": "disabled"}
+        if fast_linear:
+            from speclive.backends.cpu_linear import install
+
+            self.linear_info = install(self.model)
         self.tokenizer = tokenizer
         self.name = name
         cfg = model.config

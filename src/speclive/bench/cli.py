@@ -50,6 +50,11 @@ def add_bench_parser(subparsers: Any) -> None:
     c.add_argument("--prefix", type=int, default=256, help="tokens in the cache before each extend")
     c.add_argument("--out", type=Path, default=DEFAULT_OUT)
     c.add_argument("--no-plot", action="store_true")
+    c.add_argument(
+        "--compare-stock-linear",
+        action="store_true",
+        help="hf: also time the curve on transformers' stock nn.Linear modules (same process)",
+    )
     c.set_defaults(func=cmd_costcurve)
 
     d = sub.add_parser("decode", help="all methods side by side on prompt sets")
@@ -176,20 +181,37 @@ def cmd_costcurve(args: argparse.Namespace) -> int:
             str(args.repeats),
             "--prefix",
             str(args.prefix),
+            *(["--compare-stock-linear"] if args.compare_stock_linear else []),
         ]
     )
+    settings: dict[str, object] = {"ks": args.ks, "repeats": args.repeats, "prefix": args.prefix}
+    linear_info = getattr(backend, "linear_info", None)
+    if linear_info is not None:
+        settings["linear"] = linear_info
     header = {
         "machine": report.machine_info(),
         "models": {args.backend: backend.name},
-        "settings": {"ks": args.ks, "repeats": args.repeats, "prefix": args.prefix},
+        "settings": settings,
         "command": cmd,
     }
     for line in report.header_lines(header):
         print(line, file=sys.stderr)
     res = measure_cost_curve(backend, args.ks, args.repeats, args.prefix, progress=True)
+    if args.compare_stock_linear:
+        if not (linear_info or {}).get("installed"):
+            raise SystemExit(
+                f"--compare-stock-linear: no dual-layout linears on this backend ({linear_info})"
+            )
+        from speclive.backends.cpu_linear import stock_linears
+
+        with stock_linears(backend.model):  # type: ignore[attr-defined]
+            stock = measure_cost_curve(backend, args.ks, args.repeats, args.prefix, progress=True)
+        for row, srow in zip(res["rows"], stock["rows"], strict=True):
+            row["stock_ms"], row["stock_ratio"] = srow["ms"], srow["ratio"]
+            row["linear_speedup"] = srow["ms"] / row["ms"]
     res["header"] = header
     paths = write_costcurve_outputs(res, args.out, plot=not args.no_plot)
-    print(report.md_table(report.CURVE_COLUMNS, res["rows"]))
+    print(report.md_table(report.curve_columns(res["rows"]), res["rows"]))
     for p in paths.values():
         print(f"wrote {p}", file=sys.stderr)
     return 0

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speclive.backends.cpu_linear import stock_linears
+
 
 @dataclass
 class PeerOutput:
@@ -161,7 +163,8 @@ class HFGeneratePeer(Peer):
         counter = _ForwardCounter(self.model)
         try:
             t0 = time.perf_counter()
-            with torch.inference_mode():
+            # transformers as shipped: our dual-layout linears are swapped out for the call
+            with torch.inference_mode(), stock_linears(self.model, self.kwargs.get("assistant_model")):
                 seq = self.model.generate(
                     ids, attention_mask=mask, generation_config=self._config(max_tokens), **self.kwargs
                 )

@@ -215,6 +215,18 @@ CURVE_COLUMNS: tuple[tuple[str, str, int], ...] = (
 )
 
 
+STOCK_CURVE_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("stock_ms", "stock nn.Linear t(k) ms", 2),
+    ("stock_ratio", "stock t(k)/t(1)", 2),
+    ("linear_speedup", "dual-layout speedup", 2),
+)
+
+
+def curve_columns(rows: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, str, int], ...]:
+    """The cost-curve table's columns; the stock-linear comparison when it was measured."""
+    return CURVE_COLUMNS + (STOCK_CURVE_COLUMNS if rows and "stock_ms" in rows[0] else ())
+
+
 def _identical_cell(row: Mapping[str, Any]) -> str:
     if row.get("identical") is None:
         return "–"
@@ -294,7 +306,7 @@ def costcurve_markdown(result: Mapping[str, Any]) -> str:
         f"One `extend` of k new tokens (logits for all of them) after a fixed {result['prefix']}-token "
         f"prefix, truncated back after each; median of {result['repeats']} repeats.",
         "",
-        md_table(CURVE_COLUMNS, result["rows"]),
+        md_table(curve_columns(result["rows"]), result["rows"]),
         "",
     ]
     return "\n".join(lines)

@@ -1,0 +1,243 @@
+"""Faster fp32 ``nn.Linear`` on CPU for the few-row shapes speculative decoding lives on.
+
+A decode step multiplies 1 row by each weight matrix and a verification pass 2–32 rows. With
+the torch 2.13 CPU BLAS on this machine the stock ``F.linear(x, W)`` is poor exactly there
+(1 thread, 8960×1536 weight): M=1 2.97 ms, M=3 10.0 ms, M=16 12.1 ms, while the same product
+written as ``x @ Wᵀ`` with ``Wᵀ`` stored contiguous takes 1.94 ms at M=1, and ``W @ xᵀ`` with
+the rows padded to 16 takes about the M=16 time for every M from 3 to 16 (and parallelises over
+both cores, which the M=1 path cannot use: it is memory-bound). ``benchmarks/README.md`` has the
+measured whole-model effect; reproduce the matrix figures with ``speclive bench linear``.
+
+A dual-layout linear (``make_dual``) keeps both layouts (the native ``W`` is shared with the original module,
+so the extra memory is one transposed copy of each weight) and picks, per row count, the kernel
+a start-up calibration found fastest: ``x @ Wᵀ`` for few rows, ``W @ xᵀ`` (rows padded up to a
+block) beyond. Rows never mix, so padding changes no real row; the kernels round differently,
+as the stock path already does between M=1 (gemv) and M>1 (gemm), so greedy outputs stay
+token-identical in the fp32 differential tests.
+
+The per-row-count choice is measured once per machine, thread count, torch version and weight
+shape, and kept in ``$SPECLIVE_HOME/linear-plans.json`` (delete it to re-measure).
+
+``install(model)`` swaps every ``nn.Linear`` of a model (memory permitting) and
+``stock_linears(model)`` swaps them back for a block, so transformers' own ``generate`` peers
+are always measured on stock modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+#: rows are padded up to a multiple of this before the ``W @ xᵀ`` kernel
+PAD_BLOCK = 16
+#: the row counts calibrated; others use the plan of the next larger one
+CALIBRATE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def _padded(m: int) -> int:
+    return -(-m // PAD_BLOCK) * PAD_BLOCK
+
+
+def calibrate(weight: Any, repeats: int = 5) -> dict[int, bool]:
+    """For each calibrated row count: True when ``W @ xᵀ`` (padded) beats ``x @ Wᵀ``.
+
+    Timed on ``weight`` (the model's largest matrix: the choice is a property of the BLAS, the
+    thread count and the row count far more than of the exact shape). The two kernels are timed
+    alternately and the best of ``repeats`` kept, so a burst of load from another process
+    hits both alike.
+    """
+    import torch
+
+    wt = weight.t().contiguous()
+    plan: dict[int, bool] = {}
+    with torch.inference_mode():
+        for m in CALIBRATE_ROWS:
+            x = torch.randn(m, weight.shape[1], dtype=weight.dtype)
+            xp = torch.nn.functional.pad(x, (0, 0, 0, _padded(m) - m))
+            best = {"t": float("inf"), "n": float("inf")}
+            for i in range(repeats + 1):
+                for name in ("t", "n"):
+                    t0 = time.perf_counter()
+                    _ = x @ wt if name == "t" else weight @ xp.t()
+                    dt = time.perf_counter() - t0
+                    if i:  # the first round warms both kernels up
+                        best[name] = min(best[name], dt)
+            plan[m] = best["n"] < best["t"]
+    return plan
+
+
+def _plan_key(weight: Any) -> str:
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    shape = "x".join(str(d) for d in weight.shape)
+    return f"{cpu}|cores={os.cpu_count()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{shape}"
+
+
+def cached_plan(weight: Any) -> tuple[dict[int, bool], bool]:
+    """The calibration plan for ``weight`` on this machine, from ``$SPECLIVE_HOME/linear-plans.json``
+    when it was measured before (returns ``(plan, from_cache)``)."""
+    import json
+
+    from speclive.models.install import speclive_home
+
+    path = speclive_home() / "linear-plans.json"
+    key = _plan_key(weight)
+    try:
+        plans = json.loads(path.read_text())
+    except (OSError, ValueError):
+        plans = {}
+    if key in plans:
+        return {int(m): bool(v) for m, v in plans[key].items()}, True
+    plan = calibrate(weight)
+    plans[key] = {str(m): v for m, v in plan.items()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(plans, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs a calibration per load
+    return plan, False
+
+
+def _dual_class() -> type:
+    import torch
+
+    class _Dual(torch.nn.Module):
+        def __init__(self, native: torch.nn.Linear, plan: dict[int, bool]):
+            super().__init__()
+            self.native = [native]  # a list: not registered as a submodule (no double weights)
+            self.in_features, self.out_features = native.in_features, native.out_features
+            self.w = native.weight.detach()
+            self.wt = self.w.t().contiguous()
+            self.b = native.bias.detach() if native.bias is not None else None
+            self.plan = plan
+            self._cache: dict[int, bool] = {}
+
+        def _use_native(self, m: int) -> bool:
+            hit = self._cache.get(m)
+            if hit is None:
+                key = next((r for r in CALIBRATE_ROWS if r >= m), CALIBRATE_ROWS[-1])
+                hit = self._cache[m] = self.plan.get(key, m >= PAD_BLOCK)
+            return hit
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x2 = x.reshape(-1, self.in_features)
+            m = x2.shape[0]
+            if m > 1 and self._use_native(m):
+                pad = _padded(m) - m
+                xp = torch.nn.functional.pad(x2, (0, 0, 0, pad)) if pad else x2
+                y = (self.w @ xp.t()).t()[:m]
+            else:
+                y = x2 @ self.wt
+            if self.b is not None:
+                y = y + self.b
+            return y.reshape(*x.shape[:-1], self.out_features)
+
+        def extra_repr(self) -> str:
+            return f"in_features={self.in_features}, out_features={self.out_features}, dual layout"
+
+    return _Dual
+
+
+_DUAL: type | None = None
+
+
+def make_dual(linear: Any, plan: dict[int, bool]) -> Any:
+    global _DUAL
+    if _DUAL is None:
+        _DUAL = _dual_class()
+    return _DUAL(linear, plan)
+
+
+def _linears(model: Any) -> list[tuple[Any, str, Any]]:
+    import torch
+
+    out = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, torch.nn.Linear):
+                out.append((parent, name, child))
+    return out
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def install(model: Any, max_memory_fraction: float = 0.4) -> dict[str, Any]:
+    """Swap every fp32 CPU ``nn.Linear`` of ``model`` for a calibrated dual-layout one.
+
+    Skipped (returns ``{"installed": False, "why": ...}``) off CPU, for non-fp32 weights, when
+    ``SPECLIVE_STOCK_LINEAR=1``, or when the transposed copies would take more than
+    ``max_memory_fraction`` of the available memory.
+    """
+    import torch
+
+    if os.environ.get("SPECLIVE_STOCK_LINEAR") == "1":
+        return {"installed": False, "why": "SPECLIVE_STOCK_LINEAR=1"}
+    found = _linears(model)
+    if not found:
+        return {"installed": False, "why": "no nn.Linear"}
+    weights = [lin.weight for _, _, lin in found]
+    if any(w.device.type != "cpu" or w.dtype != torch.float32 for w in weights):
+        return {"installed": False, "why": "not float32 on CPU"}
+    extra = sum(w.numel() * w.element_size() for w in {id(w): w for w in weights}.values())
+    avail = _available_bytes()
+    if avail is not None and extra > max_memory_fraction * avail:
+        return {
+            "installed": False,
+            "why": f"transposed weights need {extra / 2**30:.1f} GiB, over "
+            f"{max_memory_fraction:.0%} of the {avail / 2**30:.1f} GiB available",
+        }
+    largest = max(weights, key=lambda w: w.numel() if w.shape[0] < 65536 else 0)
+    t0 = time.perf_counter()
+    plan, cached = cached_plan(largest.detach())
+    calib_s = time.perf_counter() - t0
+    for parent, name, lin in found:
+        setattr(parent, name, make_dual(lin, plan))
+    native_from = min((m for m, v in plan.items() if v and m > 1), default=None)
+    return {
+        "installed": True,
+        "layers": len(found),
+        "extra_gib": round(extra / 2**30, 3),
+        "native_from_rows": native_from,
+        "plan": "cached" if cached else f"calibrated in {calib_s:.2f} s",
+    }
+
+
+@contextlib.contextmanager
+def stock_linears(*models: Any) -> Iterator[None]:
+    """Within the block, ``models`` run on their original ``nn.Linear`` modules."""
+    swapped: list[tuple[Any, str, Any]] = []
+    try:
+        for model in models:
+            if model is None:
+                continue
+            for parent in model.modules():
+                for name, child in list(parent.named_children()):
+                    if _DUAL is not None and isinstance(child, _DUAL):
+                        setattr(parent, name, child.native[0])
+                        swapped.append((parent, name, child))
+        yield
+    finally:
+        for parent, name, dual in swapped:
+            setattr(parent, name, dual)
