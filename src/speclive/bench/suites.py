@@ -474,6 +474,9 @@ def _build_methods(
     models: dict[str, Any] = {
         b: {"target": t.name, "gguf": str(ref.gguf) if ref.gguf else None} for b, t in targets.items()
     }
+    for b, t in targets.items():
+        if getattr(t, "linear_info", None) is not None:
+            models[b]["linear"] = t.linear_info  # type: ignore[attr-defined]
 
     def skip(what: str, why: str) -> None:
         skipped.append(f"{what}: {why}")
