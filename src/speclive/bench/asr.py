@@ -166,7 +166,7 @@ def run_asr_bench(
         dback = None
         if v.draft and not v.draft.startswith("self"):
             if v.draft not in drafts:
-                drafts[v.draft] = load_whisper(v.draft, vocab_limit=cfg.draft_vocab)
+                drafts[v.draft] = load_whisper(v.draft, vocab_limit=cfg.draft_vocab, int8=cfg.draft_int8)
             dback = drafts[v.draft]
         tr = Transcriber(cfg, target=None if v.method == "faster-whisper" else target, draft_backend=dback)
         tr.transcribe(clips[0].audio)  # warm-up (also loads faster-whisper)
