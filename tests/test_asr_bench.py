@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import numpy as np
 from asr_fixtures import tiny
 
 from speclive.bench.asr import COLUMNS, _norm, default_variants, markdown, plot
-from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter
+from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter, _top2
 
 
 def test_wer_normalization():
     assert _norm("He was not an ill-disposed young man.") == "he was not an ill disposed young man"
     assert _norm("  Mr. John's  dog!") == "mr john's dog"
+
+
+def test_top2_is_the_normalized_softmax_top_two():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=51865).astype(np.float32) * 3
+    z[rng.integers(0, 51865, 500)] = -np.inf
+    p = np.exp(z.astype(np.float64) - z.max())
+    p /= p.sum()
+    order = np.argsort(-p)
+    i1, p1, i2, p2 = _top2(z)
+    assert (i1, i2) == (order[0], order[1])
+    assert abs(p1 - p[order[0]]) < 1e-6 and abs(p2 - p[order[1]]) < 1e-6
 
 
 def test_recycling_aligns_the_rejected_draft():

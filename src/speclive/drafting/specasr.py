@@ -67,16 +67,14 @@ class SpecASRConfig:
 
 
 def _top2(logits: np.ndarray) -> tuple[int, float, int, float]:
-    """Best and second-best token with their normalized probabilities."""
-    z = logits.astype(np.float64)
-    m = z.max()
-    e = np.exp(z - m)
-    s = e.sum()
+    """Best and second-best token with their normalized probabilities (one exp pass, float32)."""
+    z = np.asarray(logits, dtype=np.float32)
     i1 = int(np.argmax(z))
-    z2 = z.copy()
-    z2[i1] = -np.inf
-    i2 = int(np.argmax(z2))
-    return i1, float(e[i1] / s), i2, float(e[i2] / s)
+    e = np.exp(z - z[i1])  # -inf -> 0; the best token's term is exactly 1
+    s = float(e.sum(dtype=np.float64))
+    e[i1] = -1.0
+    i2 = int(np.argmax(e))
+    return i1, 1.0 / s, i2, float(e[i2]) / s
 
 
 class VocabBridge(ABC):
@@ -209,7 +207,10 @@ class SpecASRDrafter(Drafter):
         cfg = self.cfg
         paths = []
         eos = self.bridge.draft_eos() if self.bridge else set()
-        for pos, alt, _margin in sorted(marks, key=lambda m: m[2])[: cfg.max_branches]:
+        chosen = sorted(marks, key=lambda m: m[2])[: cfg.max_branches]  # most uncertain first
+        # decode the chosen branches last position first: the draft cache then only ever moves
+        # back along the trunk (a truncation, free) instead of re-decoding trunk tokens
+        for pos, alt, _margin in sorted(chosen, key=lambda m: -m[0]):
             branch = [alt]
             joined: list[int] = []
             if alt not in eos:
