@@ -71,3 +71,28 @@ def test_markdown_and_plot(tmp_path):
     md = markdown(result)
     assert "speclive bench asr" in md and "| + recycling |" in md and len(COLUMNS) > 10
     assert plot(tmp_path / "a.png", result).stat().st_size > 1000
+
+
+def test_cost_stop_shortens_the_trunk_when_verification_rows_are_expensive():
+    from asr_fixtures import clips_16k
+
+    from speclive.backends.base import CostModel
+
+    b = tiny()
+    b.set_audio(clips_16k()[0][1])
+    ctx = b.specials.prompt + b.tokenizer.encode(" The quick brown fox jumps over the")
+
+    def trunk(cost_stop: bool, prior: dict[int, float]) -> int:
+        cfg = SpecASRConfig(max_len=20, threshold=0.0, adaptive=False, cost_stop=cost_stop)
+        d = SpecASRDrafter(b.shallow(2), cfg)
+        d.bind(b)
+        b.cost = CostModel(prior)  # the target's verification cost curve the drafter reads
+        n = len(d.propose(ctx, 20).tokens)
+        d.close()
+        return n
+
+    flat = {1: 1.0, 64: 1.0}  # extra rows free: only the draft steps limit the trunk
+    linear = {1: 1.0, 64: 64.0}  # every row costs a full target step: no token can pay
+    assert trunk(False, linear) == 20
+    assert trunk(True, linear) < trunk(True, flat)
+    assert trunk(True, linear) <= 1

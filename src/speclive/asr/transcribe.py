@@ -58,7 +58,9 @@ class TranscribeConfig:
     sd_len: int = 8
     #: SpecASR switches (defaults: every technique on)
     specasr: SpecASRConfig = field(
-        default_factory=lambda: SpecASRConfig(recycle=True, sparse_tree=True, tree_verify=True)
+        default_factory=lambda: SpecASRConfig(
+            recycle=True, sparse_tree=True, tree_verify=True, cost_stop=True
+        )
     )
     #: longest segment handed to the model (Whisper's window is 30 s)
     max_segment_s: float = 30.0

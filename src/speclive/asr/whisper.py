@@ -37,7 +37,7 @@ from speclive.tokenizer import Tokenizer
 
 # t(k)/t(1) prior for a small Whisper decoder on a CPU (weight reads dominate small k);
 # replaced online by measurements
-_WHISPER_PRIOR = {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.45, 16: 1.9, 32: 2.8, 64: 4.6}
+_WHISPER_PRIOR = {1: 1.0, 2: 1.05, 4: 1.4, 8: 1.75, 16: 2.5, 32: 3.6, 64: 5.3}
 #: rows from which a projection multiplies ``W @ x.T`` instead of ``x @ W.T`` (``_Linear``);
 #: measured on a 2-core EPYC with torch 2.13 for whisper-base: one row is fastest against the
 #: transposed copy, two or more against the row-major weight (t(2) ~ t(1), t(8) ~ 1.6 t(1))

@@ -71,6 +71,16 @@ class CostModel:
         """Measured seconds of one single-token step, if seen."""
         return self._seconds.get(1)
 
+    def unit_seconds(self) -> float | None:
+        """Seconds of a single-token step: measured, else inferred from the shortest measured
+        length through the prior curve (a verifier may never run a one-token pass)."""
+        if 1 in self._seconds:
+            return self._seconds[1]
+        if not self._seconds:
+            return None
+        k = min(self._seconds)
+        return self._seconds[k] / self._prior_ratio(k)
+
     def _prior_ratio(self, k: int) -> float:
         keys = sorted(self._prior)
         if k <= keys[0]:
