@@ -82,11 +82,14 @@ def test_cost_stop_shortens_the_trunk_when_verification_rows_are_expensive():
     b.set_audio(clips_16k()[0][1])
     ctx = b.specials.prompt + b.tokenizer.encode(" The quick brown fox jumps over the")
 
-    def trunk(cost_stop: bool, prior: dict[int, float]) -> int:
+    def trunk(cost_stop: bool, prior: dict[int, float], spike: bool = False) -> int:
         cfg = SpecASRConfig(max_len=20, threshold=0.0, adaptive=False, cost_stop=cost_stop)
         d = SpecASRDrafter(b.shallow(2), cfg)
         d.bind(b)
         b.cost = CostModel(prior)  # the target's verification cost curve the drafter reads
+        if spike:  # one 2-row pass measured 100x a step (a load spike) must not stop drafting
+            b.cost.observe(1, 0.01)
+            b.cost.observe(2, 1.0)
         n = len(d.propose(ctx, 20).tokens)
         d.close()
         return n
@@ -96,3 +99,4 @@ def test_cost_stop_shortens_the_trunk_when_verification_rows_are_expensive():
     assert trunk(False, linear) == 20
     assert trunk(True, linear) < trunk(True, flat)
     assert trunk(True, linear) <= 1
+    assert trunk(True, flat, spike=True) == trunk(True, flat) >= 2

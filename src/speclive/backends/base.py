@@ -81,6 +81,12 @@ class CostModel:
         k = min(self._seconds)
         return self._seconds[k] / self._prior_ratio(k)
 
+    def optimistic_ratio(self, k: int) -> float:
+        """The lower of the measured and the prior t(k)/t(1). For decisions that stop using a
+        length when it looks expensive: a measurement inflated by a load spike would otherwise
+        never be corrected, since that length is no longer run."""
+        return min(self.ratio(k), self._prior_ratio(k))
+
     def _prior_ratio(self, k: int) -> float:
         keys = sorted(self._prior)
         if k <= keys[0]:

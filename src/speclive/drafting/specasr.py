@@ -181,7 +181,7 @@ class SpecASRDrafter(Drafter):
     @staticmethod
     def _row_cost(tc: Any, n: int) -> float:
         """Extra target cost (in target steps) of verifying ``n + 1`` draft tokens instead of ``n``."""
-        return max(0.0, tc.ratio(n + 2) - tc.ratio(n + 1))
+        return max(0.0, tc.optimistic_ratio(n + 2) - tc.optimistic_ratio(n + 1))
 
     # ---- pass 1: the trunk ----------------------------------------------------------
     def _trunk(self, dctx: list[int], budget: int) -> tuple[list[int], list[float], list[tuple]]:
@@ -227,8 +227,13 @@ class SpecASRDrafter(Drafter):
                 probs.extend(rest_p)
                 self.recycled += len(rest)
                 break
-            if tc is not None and cum * p1 < self._row_cost(tc, len(tokens)) + draft_cost:
+            if (
+                len(tokens) >= 2
+                and tc is not None
+                and cum * p1 < self._row_cost(tc, len(tokens)) + draft_cost
+            ):
                 break  # the next token (guessed as likely as this one) would not pay its draft step
+            # (the second token is always decoded: the draft's step time stays measured)
             if len(tokens) < limit:
                 logits = self.draft.extend(self.state, [t1])[-1]
         return tokens, probs, marks
