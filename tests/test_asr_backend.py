@@ -111,3 +111,41 @@ def test_suppression_rules_applied(wb):
     assert np.isneginf(row[sp.no_timestamps + 1 :]).all()
     nxt = wb.extend(s, [wb.tokenizer.encode(" The")[0]])[-1]
     assert np.isfinite(nxt[sp.eos])  # begin rules only at the first position
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_linear_layouts_agree_with_f_linear(rows):
+    """Both GEMM layouts of ``_Linear`` (x @ W.T stored, W @ x.T) compute F.linear."""
+    import torch
+
+    from speclive.asr.whisper import _Linear
+
+    g = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(96, 32, generator=g), torch.randn(96, generator=g)
+    x = torch.randn(rows, 32, generator=g)
+    want = torch.nn.functional.linear(x, w, b)
+    for split in (1, rows, rows + 1):
+        for bias in (b, None):
+            got = _Linear(w, bias, split)(torch, x)
+            assert got.shape == (rows, 96) and got.is_contiguous()
+            ref = want if bias is not None else want - b
+            assert torch.allclose(got, ref, atol=1e-4), (split, bias is None)
+
+
+def test_int8_draft_tracks_float32(wb, prefix):
+    """An int8 copy of the decoder is close to float32 (same greedy token almost everywhere)
+    but not equal (the weights really are quantized); a shallow int8 draft shares the context."""
+    from speclive.asr.whisper import WhisperBackend, int8_available
+
+    if not int8_available():
+        pytest.skip("no x86/fbgemm quantized engine")
+    q = WhisperBackend(wb.model, wb.tokenizer, wb.specials, context=wb.context, int8=True)
+    got, want = _fresh(q, prefix), _fresh(wb, prefix)
+    d = np.abs(_logp(got) - _logp(want))
+    assert 1e-4 < d.max() < 2.0, d.max()
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.8
+    assert q.name.endswith("/int8")
+    shallow = wb.shallow(2, int8=True)
+    assert len(shallow.layers) == 2 and shallow.head is not wb.head
+    row = shallow.extend(shallow.new_state(), prefix)[-1]
+    assert np.isfinite(row).any()

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import numpy as np
 from asr_fixtures import tiny
 
 from speclive.bench.asr import COLUMNS, _norm, default_variants, markdown, plot
-from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter
+from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter, _top2
 
 
 def test_wer_normalization():
     assert _norm("He was not an ill-disposed young man.") == "he was not an ill disposed young man"
     assert _norm("  Mr. John's  dog!") == "mr john's dog"
+
+
+def test_top2_is_the_normalized_softmax_top_two():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=51865).astype(np.float32) * 3
+    z[rng.integers(0, 51865, 500)] = -np.inf
+    p = np.exp(z.astype(np.float64) - z.max())
+    p /= p.sum()
+    order = np.argsort(-p)
+    i1, p1, i2, p2 = _top2(z)
+    assert (i1, i2) == (order[0], order[1])
+    assert abs(p1 - p[order[0]]) < 1e-6 and abs(p2 - p[order[1]]) < 1e-6
 
 
 def test_recycling_aligns_the_rejected_draft():
@@ -58,3 +71,32 @@ def test_markdown_and_plot(tmp_path):
     md = markdown(result)
     assert "speclive bench asr" in md and "| + recycling |" in md and len(COLUMNS) > 10
     assert plot(tmp_path / "a.png", result).stat().st_size > 1000
+
+
+def test_cost_stop_shortens_the_trunk_when_verification_rows_are_expensive():
+    from asr_fixtures import clips_16k
+
+    from speclive.backends.base import CostModel
+
+    b = tiny()
+    b.set_audio(clips_16k()[0][1])
+    ctx = b.specials.prompt + b.tokenizer.encode(" The quick brown fox jumps over the")
+
+    def trunk(cost_stop: bool, prior: dict[int, float], spike: bool = False) -> int:
+        cfg = SpecASRConfig(max_len=20, threshold=0.0, adaptive=False, cost_stop=cost_stop)
+        d = SpecASRDrafter(b.shallow(2), cfg)
+        d.bind(b)
+        b.cost = CostModel(prior)  # the target's verification cost curve the drafter reads
+        if spike:  # one 2-row pass measured 100x a step (a load spike) must not stop drafting
+            b.cost.observe(1, 0.01)
+            b.cost.observe(2, 1.0)
+        n = len(d.propose(ctx, 20).tokens)
+        d.close()
+        return n
+
+    flat = {1: 1.0, 64: 1.0}  # extra rows free: only the draft steps limit the trunk
+    linear = {1: 1.0, 64: 64.0}  # every row costs a full target step: no token can pay
+    assert trunk(False, linear) == 20
+    assert trunk(True, linear) < trunk(True, flat)
+    assert trunk(True, linear) <= 1
+    assert trunk(True, flat, spike=True) == trunk(True, flat) >= 2

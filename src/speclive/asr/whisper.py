@@ -8,7 +8,8 @@ implements the engine's cache protocol (``extend`` with trees, ``keep``, ``trunc
 - ``set_audio(audio)`` runs the encoder once per segment and precomputes every layer's
   cross-attention keys/values into an ``AudioContext``; it invalidates the caches of all states
   bound to that context (their tokens were conditioned on the previous audio).
-- The decoder forward is written out over fused weights (one QKV matmul per layer) with
+- The decoder forward is written out over fused weights (one QKV matmul per layer, each weight
+  kept in both layouts so one-row steps and multi-row passes each get the fast GEMM, ``_Linear``) with
   preallocated per-state KV tensors ``[layers, heads, n_ctx, head_dim]``: a step writes its
   rows in place, ``keep`` moves the accepted tree rows down, ``truncate`` only shortens the
   logical length. This keeps Python and allocation overhead small, which on a CPU decides
@@ -36,7 +37,11 @@ from speclive.tokenizer import Tokenizer
 
 # t(k)/t(1) prior for a small Whisper decoder on a CPU (weight reads dominate small k);
 # replaced online by measurements
-_WHISPER_PRIOR = {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.45, 16: 1.9, 32: 2.8, 64: 4.6}
+_WHISPER_PRIOR = {1: 1.0, 2: 1.05, 4: 1.4, 8: 1.75, 16: 2.5, 32: 3.6, 64: 5.3}
+#: rows from which a projection multiplies ``W @ x.T`` instead of ``x @ W.T`` (``_Linear``);
+#: measured on a 2-core EPYC with torch 2.13 for whisper-base: one row is fastest against the
+#: transposed copy, two or more against the row-major weight (t(2) ~ t(1), t(8) ~ 1.6 t(1))
+_SPLIT = 2
 
 
 @dataclass
@@ -78,28 +83,93 @@ class WhisperState(BackendState):
     __hash__ = object.__hash__
 
 
-class _Layer:
-    """Fused float32 weights of one decoder layer."""
+class _Linear:
+    """``y = x @ W.T + b`` with the weight kept in both layouts, the faster one picked per row count.
 
-    def __init__(self, layer: Any, torch: Any):
+    On CPU (torch's oneDNN/MKL GEMM) ``F.linear`` with a row-major ``W [N, K]`` is up to 2x slower
+    than ``x @ Wt`` with ``Wt = W.T`` stored contiguous when ``x`` has one or a few rows, while
+    for more rows (and always for a large N such as the LM head) ``W @ x.T`` is the fastest.
+    Decoding is memory-bound, so the copy of every weight is worth its memory.
+    """
+
+    __slots__ = ("w", "wt", "b", "bt", "split")
+
+    def __init__(self, w: Any, b: Any, split: int):
+        self.w = w.detach().contiguous()
+        self.wt = self.w.t().contiguous()
+        self.b = None if b is None else b.detach().contiguous()
+        self.bt = None if b is None else self.b[:, None]
+        #: rows from which ``W @ x.T`` is used instead of ``x @ Wt``
+        self.split = split
+
+    def __call__(self, torch: Any, x: Any) -> Any:
+        if x.shape[0] < self.split:
+            return x @ self.wt if self.b is None else torch.addmm(self.b, x, self.wt)
+        y = self.w @ x.t() if self.b is None else torch.addmm(self.bt, self.w, x.t())
+        return y.t().contiguous()
+
+
+class _Int8Linear:
+    """``y = x @ W.T + b`` with W quantized to int8 per output channel (fbgemm dynamic linear).
+
+    For drafts only: the target verifies every drafted token in float32, so a quantized draft
+    changes acceptance, never the output. Decoding is bound by reading weights, and a quarter of
+    the bytes makes a draft step several times cheaper than the float32 GEMM on a CPU.
+    """
+
+    __slots__ = ("packed",)
+
+    def __init__(self, w: Any, b: Any, torch: Any):
+        import warnings
+
+        w = w.detach().float().contiguous()
+        scale = (w.abs().amax(1) / 127.0).clamp_min(1e-12).double()
+        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():  # torch flags its quantized tensor API as deprecated
+            warnings.simplefilter("ignore")
+            qw = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(
+                qw, None if b is None else b.detach().float().contiguous()
+            )
+
+    def __call__(self, torch: Any, x: Any) -> Any:
+        return torch.ops.quantized.linear_dynamic(x, self.packed, True)
+
+
+def _linear(w: Any, b: Any, torch: Any, int8: bool) -> _Linear | _Int8Linear:
+    return _Int8Linear(w, b, torch) if int8 else _Linear(w, b, _SPLIT)
+
+
+def int8_available() -> bool:
+    """Whether torch has the fbgemm/x86 quantized engine ``_Int8Linear`` needs."""
+    import torch
+
+    return any(e in torch.backends.quantized.supported_engines for e in ("x86", "fbgemm"))
+
+
+class _Layer:
+    """Fused float32 (or int8, for drafts) weights of one decoder layer."""
+
+    def __init__(self, layer: Any, torch: Any, int8: bool = False):
         sa, ca = layer.self_attn, layer.encoder_attn
 
         def b(lin: Any) -> Any:
             return lin.bias if lin.bias is not None else torch.zeros(lin.out_features)
 
         with torch.no_grad():
-            self.qkv_w = torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).contiguous()
-            self.qkv_b = torch.cat([b(sa.q_proj), b(sa.k_proj), b(sa.v_proj)]).contiguous()
+            qkv_w = torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight])
+            qkv_b = torch.cat([b(sa.q_proj), b(sa.k_proj), b(sa.v_proj)])
             self.ckv_w = torch.cat([ca.k_proj.weight, ca.v_proj.weight]).contiguous()
             self.ckv_b = torch.cat([b(ca.k_proj), b(ca.v_proj)]).contiguous()
-        self.o_w, self.o_b = sa.out_proj.weight, b(sa.out_proj)
-        self.cq_w, self.cq_b = ca.q_proj.weight, b(ca.q_proj)
-        self.co_w, self.co_b = ca.out_proj.weight, b(ca.out_proj)
+            self.qkv = _linear(qkv_w, qkv_b, torch, int8)
+            self.o = _linear(sa.out_proj.weight, b(sa.out_proj), torch, int8)
+            self.cq = _linear(ca.q_proj.weight, b(ca.q_proj), torch, int8)
+            self.co = _linear(ca.out_proj.weight, b(ca.out_proj), torch, int8)
+            self.fc1 = _linear(layer.fc1.weight, layer.fc1.bias, torch, int8)
+            self.fc2 = _linear(layer.fc2.weight, layer.fc2.bias, torch, int8)
         self.ln1 = (layer.self_attn_layer_norm.weight, layer.self_attn_layer_norm.bias)
         self.ln2 = (layer.encoder_attn_layer_norm.weight, layer.encoder_attn_layer_norm.bias)
         self.ln3 = (layer.final_layer_norm.weight, layer.final_layer_norm.bias)
-        self.fc1 = (layer.fc1.weight, layer.fc1.bias)
-        self.fc2 = (layer.fc2.weight, layer.fc2.bias)
         self.eps = layer.self_attn_layer_norm.eps
 
 
@@ -117,7 +187,9 @@ class WhisperBackend(Backend):
         n_layers: int | None = None,
         context: AudioContext | None = None,
         vocab_limit: int | None = None,
+        int8: bool = False,
         _layers: list[_Layer] | None = None,
+        _head: _Linear | _Int8Linear | None = None,
     ):
         import torch
 
@@ -133,17 +205,23 @@ class WhisperBackend(Backend):
         self.n_heads = int(cfg.decoder_attention_heads)
         self.d_model = int(cfg.d_model)
         self.head_dim = self.d_model // self.n_heads
-        self.all_layers = _layers or [_Layer(layer, torch) for layer in dec.layers]
-        total = len(self.all_layers)
+        if int8 and not int8_available():
+            raise ConfigError("int8 drafts need torch's x86/fbgemm quantized engine")
+        self.int8 = int8
+        total = len(dec.layers)
         self.n_layers = total if n_layers is None else int(n_layers)
         if not 1 <= self.n_layers <= total:
             raise ConfigError(f"n_layers must be in [1, {total}], got {n_layers}")
+        if int8:  # own quantized copies of the layers it runs (a shallow draft: only those)
+            _layers = [_Layer(layer, torch, int8=True) for layer in dec.layers[: self.n_layers]]
+            _head = None
+        self.all_layers = _layers or [_Layer(layer, torch) for layer in dec.layers]
         self.layers = self.all_layers[: self.n_layers]
         self.name = name if self.n_layers == total else f"{name}[:{self.n_layers}]"
         self.embed = dec.embed_tokens.weight
         self.pos = dec.embed_positions.weight
         self.ln_f = (dec.layer_norm.weight, dec.layer_norm.bias)
-        self.head = model.proj_out.weight
+        head_w = model.proj_out.weight
         # a draft may score only the ``vocab_limit`` most frequent BPE ids (low ids = early
         # merges) plus the special tokens: a much cheaper LM head, only draft quality changes
         self._head_ids: Any = None
@@ -154,8 +232,15 @@ class WhisperBackend(Backend):
                 set(range(min(vocab_limit, self.vocab_size))) | set(range(specials.eos, self.vocab_size))
             )
             self._head_ids = torch.tensor(ids, dtype=torch.long)
-            self.head = self.head.index_select(0, self._head_ids).contiguous()
+            head_w = head_w.index_select(0, self._head_ids)
             self.name += f"/v{vocab_limit}"
+        if _head is not None and vocab_limit is None:
+            self.head = _head
+        else:
+            with torch.no_grad():
+                self.head = _linear(head_w, None, torch, int8)
+        if int8:
+            self.name += "/int8"
         self.context = context or AudioContext()
         self.prompt_len = len(specials.prompt)
         self._suppress = torch.tensor(sorted(set(specials.suppress)), dtype=torch.long)
@@ -167,9 +252,10 @@ class WhisperBackend(Backend):
         return _WHISPER_PRIOR
 
     # ---- construction ---------------------------------------------------------------
-    def shallow(self, n_layers: int, vocab_limit: int | None = None) -> WhisperBackend:
+    def shallow(self, n_layers: int, vocab_limit: int | None = None, int8: bool = False) -> WhisperBackend:
         """A self-draft: the first ``n_layers`` decoder layers and the same (optionally
-        vocabulary-limited) head, sharing this backend's audio context (no second encoder pass)."""
+        vocabulary-limited, optionally int8) head, sharing this backend's audio context (no second
+        encoder pass)."""
         return WhisperBackend(
             self.model,
             self.tokenizer,
@@ -178,7 +264,9 @@ class WhisperBackend(Backend):
             n_layers=n_layers,
             context=self.context,
             vocab_limit=vocab_limit,
+            int8=int8,
             _layers=self.all_layers,
+            _head=self.head if self._head_ids is None else None,
         )
 
     @property
@@ -209,7 +297,10 @@ class WhisperBackend(Backend):
             for layer in self.all_layers:
                 kv = self.F.linear(enc, layer.ckv_w, layer.ckv_b)
                 k, v = kv.split(self.d_model, dim=-1)
-                ctx.cross_k.append(k.reshape(-1, h, hd).transpose(0, 1).contiguous())
+                # keys stored transposed [heads, head_dim, frames] and pre-scaled by 1/sqrt(head_dim):
+                # a step's cross-attention is then two plain batched GEMMs over 1500 frames
+                kt = k.reshape(-1, h, hd).permute(1, 2, 0) * (hd**-0.5)
+                ctx.cross_k.append(kt.contiguous())
                 ctx.cross_v.append(v.reshape(-1, h, hd).transpose(0, 1).contiguous())
         ctx.epoch += 1
         for st in list(ctx.states):
@@ -261,24 +352,24 @@ class WhisperBackend(Backend):
             ck, cv = self.context.cross_k, self.context.cross_v
             for li, L in enumerate(self.layers):
                 y = F.layer_norm(x, (self.d_model,), *L.ln1, L.eps)
-                qkv = F.linear(y, L.qkv_w, L.qkv_b).view(n, 3, h, hd).permute(1, 2, 0, 3)
+                qkv = L.qkv(torch, y).view(n, 3, h, hd).permute(1, 2, 0, 3)
                 state.k[li, :, past:end] = qkv[1]
                 state.v[li, :, past:end] = qkv[2]
                 a = F.scaled_dot_product_attention(
-                    qkv[0], state.k[li, :, :end], state.v[li, :, :end], attn_mask=mask
-                )
-                x = x + F.linear(a.transpose(0, 1).reshape(n, self.d_model), L.o_w, L.o_b)
+                    qkv[0][None], state.k[li, None, :, :end], state.v[li, None, :, :end], attn_mask=mask
+                )[0]
+                x = x + L.o(torch, a.transpose(0, 1).reshape(n, self.d_model))
                 y = F.layer_norm(x, (self.d_model,), *L.ln2, L.eps)
-                q = F.linear(y, L.cq_w, L.cq_b).view(n, h, hd).transpose(0, 1)
-                a = F.scaled_dot_product_attention(q, ck[li], cv[li])
-                x = x + F.linear(a.transpose(0, 1).reshape(n, self.d_model), L.co_w, L.co_b)
+                q = L.cq(torch, y).view(n, h, hd).transpose(0, 1)
+                a = torch.softmax(torch.bmm(q, ck[li]), dim=-1).bmm(cv[li])
+                x = x + L.co(torch, a.transpose(0, 1).reshape(n, self.d_model))
                 y = F.layer_norm(x, (self.d_model,), *L.ln3, L.eps)
-                x = x + F.linear(F.gelu(F.linear(y, *L.fc1)), *L.fc2)
+                x = x + L.fc2(torch, F.gelu(L.fc1(torch, y)))
             if last_only:
                 x = x[-1:]
                 pos_list = pos_list[-1:]
             x = F.layer_norm(x, (self.d_model,), *self.ln_f, self.layers[0].eps)
-            logits = F.linear(x, self.head)
+            logits = self.head(torch, x)
             if self._head_ids is not None:
                 full = torch.full((logits.shape[0], self.vocab_size), float("-inf"))
                 full[:, self._head_ids] = logits
@@ -359,11 +450,16 @@ def _specials_from_tokenizer(hf_tok: Any, vocab_size: int) -> WhisperSpecials:
 
 
 def load_whisper(
-    spec: str | Path, name: str | None = None, threads: int | None = None, vocab_limit: int | None = None
+    spec: str | Path,
+    name: str | None = None,
+    threads: int | None = None,
+    vocab_limit: int | None = None,
+    int8: bool = False,
 ) -> WhisperBackend:
     """A Whisper backend from a registry name, a CTranslate2 or HF folder, or a hub id.
 
-    ``vocab_limit`` (drafts only) scores just the most frequent ids plus the special tokens.
+    ``vocab_limit`` (drafts only) scores just the most frequent ids plus the special tokens;
+    ``int8`` (drafts only) quantizes the decoder's projections and LM head to int8.
     """
     import torch
 
@@ -398,5 +494,10 @@ def load_whisper(
         specials.suppress = [int(i) for i in (getattr(gen, "suppress_tokens", None) or [])]
         specials.suppress_begin = [int(i) for i in (getattr(gen, "begin_suppress_tokens", None) or [])]
     return WhisperBackend(
-        model.float().eval(), Tokenizer(hf_tok), specials, name=name or ref.name, vocab_limit=vocab_limit
+        model.float().eval(),
+        Tokenizer(hf_tok),
+        specials,
+        name=name or ref.name,
+        vocab_limit=vocab_limit,
+        int8=int8,
     )

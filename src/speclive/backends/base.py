@@ -71,6 +71,22 @@ class CostModel:
         """Measured seconds of one single-token step, if seen."""
         return self._seconds.get(1)
 
+    def unit_seconds(self) -> float | None:
+        """Seconds of a single-token step: measured, else inferred from the shortest measured
+        length through the prior curve (a verifier may never run a one-token pass)."""
+        if 1 in self._seconds:
+            return self._seconds[1]
+        if not self._seconds:
+            return None
+        k = min(self._seconds)
+        return self._seconds[k] / self._prior_ratio(k)
+
+    def optimistic_ratio(self, k: int) -> float:
+        """The lower of the measured and the prior t(k)/t(1). For decisions that stop using a
+        length when it looks expensive: a measurement inflated by a load spike would otherwise
+        never be corrected, since that length is no longer run."""
+        return min(self.ratio(k), self._prior_ratio(k))
+
     def _prior_ratio(self, k: int) -> float:
         keys = sorted(self._prior)
         if k <= keys[0]:

@@ -58,21 +58,28 @@ def default_variants(draft: str, self_draft: str | None) -> list[Variant]:
         Variant("SD (16,1)", "sd", draft, 16),
         Variant("+ adaptive single seq.", "specasr", draft, specasr=dict()),
         Variant("+ recycling", "specasr", draft, specasr=dict(recycle=True)),
+        Variant("+ cost-aware stop", "specasr", draft, specasr=dict(recycle=True, cost_stop=True)),
         Variant(
             "+ sparse tree (no tree verify)",
             "specasr",
             draft,
-            specasr=dict(recycle=True, sparse_tree=True, tree_verify=False),
+            specasr=dict(recycle=True, cost_stop=True, sparse_tree=True, tree_verify=False),
         ),
         Variant(
-            "+ sparse tree + tree verify", "specasr", draft, specasr=dict(recycle=True, sparse_tree=True)
+            "+ sparse tree + tree verify",
+            "specasr",
+            draft,
+            specasr=dict(recycle=True, cost_stop=True, sparse_tree=True),
         ),
     ]
     if self_draft:
         out += [
             Variant(f"SD (8,1) {self_draft}", "sd", self_draft, 8),
             Variant(
-                f"SpecASR {self_draft}", "specasr", self_draft, specasr=dict(recycle=True, sparse_tree=True)
+                f"SpecASR {self_draft}",
+                "specasr",
+                self_draft,
+                specasr=dict(recycle=True, cost_stop=True, sparse_tree=True),
             ),
         ]
     return out
@@ -166,7 +173,7 @@ def run_asr_bench(
         dback = None
         if v.draft and not v.draft.startswith("self"):
             if v.draft not in drafts:
-                drafts[v.draft] = load_whisper(v.draft, vocab_limit=cfg.draft_vocab)
+                drafts[v.draft] = load_whisper(v.draft, vocab_limit=cfg.draft_vocab, int8=cfg.draft_int8)
             dback = drafts[v.draft]
         tr = Transcriber(cfg, target=None if v.method == "faster-whisper" else target, draft_backend=dback)
         tr.transcribe(clips[0].audio)  # warm-up (also loads faster-whisper)

@@ -45,8 +45,9 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
             "precision": "fp32",
             "torch_threads": __import__("torch").get_num_threads(),
             "decoding": "greedy, no timestamps, Whisper suppression rules",
-            "specasr": "threshold 0.4, max_len 24, <=3 branches of <=3 tokens, match window +-1",
-            "draft_vocab": "8192 most frequent ids + specials",
+            "specasr": "threshold 0.4, max_len 24, <=3 branches of <=3 tokens, match window +-1, "
+            "cost-aware stop on the measured target cost curve (from its row on)",
+            "draft": "int8 decoder projections and LM head, full vocabulary (target float32)",
         },
         "skipped": [
             "transformers assistant_model: base and tiny.en have different vocabularies (51865 vs 51864)"

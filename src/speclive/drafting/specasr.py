@@ -33,6 +33,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -64,19 +65,22 @@ class SpecASRConfig:
     trunk_floor: float = 0.1
     #: positions compared around the aligned one when matching (1 = same or adjacent)
     match_window: int = 1
+    #: also stop the trunk once one more token no longer pays for itself on the measured costs:
+    #: its probability of being accepted (the product of the draft's top probabilities so
+    #: far) times one target step must exceed the extra verification row it costs (t(k+1) -
+    #: t(k) on the target's cost curve) plus, for a token still to be decoded, one draft step
+    cost_stop: bool = False
 
 
 def _top2(logits: np.ndarray) -> tuple[int, float, int, float]:
-    """Best and second-best token with their normalized probabilities."""
-    z = logits.astype(np.float64)
-    m = z.max()
-    e = np.exp(z - m)
-    s = e.sum()
+    """Best and second-best token with their normalized probabilities (one exp pass, float32)."""
+    z = np.asarray(logits, dtype=np.float32)
     i1 = int(np.argmax(z))
-    z2 = z.copy()
-    z2[i1] = -np.inf
-    i2 = int(np.argmax(z2))
-    return i1, float(e[i1] / s), i2, float(e[i2] / s)
+    e = np.exp(z - z[i1])  # -inf -> 0; the best token's term is exactly 1
+    s = float(e.sum(dtype=np.float64))
+    e[i1] = -1.0
+    i2 = int(np.argmax(e))
+    return i1, 1.0 / s, i2, float(e[i2]) / s
 
 
 class VocabBridge(ABC):
@@ -167,6 +171,18 @@ class SpecASRDrafter(Drafter):
         probs = self._last_probs[max(0, start - n_ctx_old) :]
         return self._last[start:], probs
 
+    # ---- cost model -----------------------------------------------------------------
+    def _costs(self) -> tuple[Any, float]:
+        """The target's cost curve and one draft step in units of one target step."""
+        tc = self.target.cost
+        t1, d1 = tc.unit_seconds(), self.draft.cost.unit_seconds()
+        return tc, (d1 / t1 if t1 and d1 else 0.3)
+
+    @staticmethod
+    def _row_cost(tc: Any, n: int) -> float:
+        """Extra target cost (in target steps) of verifying ``n + 1`` draft tokens instead of ``n``."""
+        return max(0.0, tc.optimistic_ratio(n + 2) - tc.optimistic_ratio(n + 1))
+
     # ---- pass 1: the trunk ----------------------------------------------------------
     def _trunk(self, dctx: list[int], budget: int) -> tuple[list[int], list[float], list[tuple]]:
         cfg = self.cfg
@@ -178,8 +194,13 @@ class SpecASRDrafter(Drafter):
         old, old_probs = self._old_rest(dctx)
         limit = min(cfg.max_len, budget)
         eos = self.bridge.draft_eos()
+        tc, draft_cost = self._costs() if cfg.cost_stop else (None, 0.0)
+        cum = 1.0  # probability that every token so far is accepted (draft's estimate)
         while len(tokens) < limit:
             t1, p1, t2, p2 = _top2(logits)
+            cum *= p1
+            if tc is not None and cum < self._row_cost(tc, len(tokens)):
+                break
             if p1 < cfg.threshold:
                 if cfg.sparse_tree:
                     if cfg.adaptive and p1 < cfg.trunk_floor:
@@ -195,10 +216,24 @@ class SpecASRDrafter(Drafter):
             if j >= 0:
                 # recycling: the old draft re-aligns here; reuse its continuation undecoded
                 rest = old[j + 1 : j + 1 + limit - len(tokens)]
+                rest_p = (old_probs[j + 1 : j + 1 + len(rest)] + [1.0] * len(rest))[: len(rest)]
+                if tc is not None:  # recycled tokens cost no drafting, only verification rows
+                    n = 0
+                    while n < len(rest) and cum * rest_p[n] >= self._row_cost(tc, len(tokens) + n):
+                        cum *= rest_p[n]
+                        n += 1
+                    rest, rest_p = rest[:n], rest_p[:n]
                 tokens.extend(rest)
-                probs.extend((old_probs[j + 1 : j + 1 + len(rest)] + [1.0] * len(rest))[: len(rest)])
+                probs.extend(rest_p)
                 self.recycled += len(rest)
                 break
+            if (
+                len(tokens) >= 2
+                and tc is not None
+                and cum * p1 < self._row_cost(tc, len(tokens)) + draft_cost
+            ):
+                break  # the next token (guessed as likely as this one) would not pay its draft step
+            # (the second token is always decoded: the draft's step time stays measured)
             if len(tokens) < limit:
                 logits = self.draft.extend(self.state, [t1])[-1]
         return tokens, probs, marks
@@ -209,7 +244,10 @@ class SpecASRDrafter(Drafter):
         cfg = self.cfg
         paths = []
         eos = self.bridge.draft_eos() if self.bridge else set()
-        for pos, alt, _margin in sorted(marks, key=lambda m: m[2])[: cfg.max_branches]:
+        chosen = sorted(marks, key=lambda m: m[2])[: cfg.max_branches]  # most uncertain first
+        # decode the chosen branches last position first: the draft cache then only ever moves
+        # back along the trunk (a truncation, free) instead of re-decoding trunk tokens
+        for pos, alt, _margin in sorted(chosen, key=lambda m: -m[0]):
             branch = [alt]
             joined: list[int] = []
             if alt not in eos:
