@@ -9,7 +9,8 @@ implements the engine's cache protocol (``extend`` with trees, ``keep``, ``trunc
   cross-attention keys/values into an ``AudioContext``; it invalidates the caches of all states
   bound to that context (their tokens were conditioned on the previous audio).
 - The decoder forward is written out over fused weights (one QKV matmul per layer, each weight
-  kept in both layouts so one-row steps and multi-row passes each get the fast GEMM, ``_Linear``) with
+  kept in both layouts so one-row steps and multi-row passes each get the fast GEMM,
+  ``cpu_linear.DualLinear``) with
   preallocated per-state KV tensors ``[layers, heads, n_ctx, head_dim]``: a step writes its
   rows in place, ``keep`` moves the accepted tree rows down, ``truncate`` only shortens the
   logical length. This keeps Python and allocation overhead small, which on a CPU decides
@@ -32,13 +33,14 @@ from typing import Any
 import numpy as np
 
 from speclive.backends.base import Backend, BackendState
+from speclive.backends.cpu_linear import DualLinear, split_plan
 from speclive.errors import ConfigError
 from speclive.tokenizer import Tokenizer
 
 # t(k)/t(1) prior for a small Whisper decoder on a CPU (weight reads dominate small k);
 # replaced online by measurements
 _WHISPER_PRIOR = {1: 1.0, 2: 1.05, 4: 1.4, 8: 1.75, 16: 2.5, 32: 3.6, 64: 5.3}
-#: rows from which a projection multiplies ``W @ x.T`` instead of ``x @ W.T`` (``_Linear``);
+#: rows from which a projection multiplies ``W @ x.T`` instead of ``x @ W.T`` (``DualLinear``);
 #: measured on a 2-core EPYC with torch 2.13 for whisper-base: one row is fastest against the
 #: transposed copy, two or more against the row-major weight (t(2) ~ t(1), t(8) ~ 1.6 t(1))
 _SPLIT = 2
@@ -83,32 +85,6 @@ class WhisperState(BackendState):
     __hash__ = object.__hash__
 
 
-class _Linear:
-    """``y = x @ W.T + b`` with the weight kept in both layouts, the faster one picked per row count.
-
-    On CPU (torch's oneDNN/MKL GEMM) ``F.linear`` with a row-major ``W [N, K]`` is up to 2x slower
-    than ``x @ Wt`` with ``Wt = W.T`` stored contiguous when ``x`` has one or a few rows, while
-    for more rows (and always for a large N such as the LM head) ``W @ x.T`` is the fastest.
-    Decoding is memory-bound, so the copy of every weight is worth its memory.
-    """
-
-    __slots__ = ("w", "wt", "b", "bt", "split")
-
-    def __init__(self, w: Any, b: Any, split: int):
-        self.w = w.detach().contiguous()
-        self.wt = self.w.t().contiguous()
-        self.b = None if b is None else b.detach().contiguous()
-        self.bt = None if b is None else self.b[:, None]
-        #: rows from which ``W @ x.T`` is used instead of ``x @ Wt``
-        self.split = split
-
-    def __call__(self, torch: Any, x: Any) -> Any:
-        if x.shape[0] < self.split:
-            return x @ self.wt if self.b is None else torch.addmm(self.b, x, self.wt)
-        y = self.w @ x.t() if self.b is None else torch.addmm(self.bt, self.w, x.t())
-        return y.t().contiguous()
-
-
 class _Int8Linear:
     """``y = x @ W.T + b`` with W quantized to int8 per output channel (fbgemm dynamic linear).
 
@@ -132,12 +108,14 @@ class _Int8Linear:
                 qw, None if b is None else b.detach().float().contiguous()
             )
 
-    def __call__(self, torch: Any, x: Any) -> Any:
+    def __call__(self, x: Any) -> Any:
+        import torch
+
         return torch.ops.quantized.linear_dynamic(x, self.packed, True)
 
 
-def _linear(w: Any, b: Any, torch: Any, int8: bool) -> _Linear | _Int8Linear:
-    return _Int8Linear(w, b, torch) if int8 else _Linear(w, b, _SPLIT)
+def _linear(w: Any, b: Any, torch: Any, int8: bool) -> DualLinear | _Int8Linear:
+    return _Int8Linear(w, b, torch) if int8 else DualLinear(w, b, split_plan(_SPLIT), pad_block=None)
 
 
 def int8_available() -> bool:
@@ -189,7 +167,7 @@ class WhisperBackend(Backend):
         vocab_limit: int | None = None,
         int8: bool = False,
         _layers: list[_Layer] | None = None,
-        _head: _Linear | _Int8Linear | None = None,
+        _head: DualLinear | _Int8Linear | None = None,
     ):
         import torch
 
@@ -352,24 +330,24 @@ class WhisperBackend(Backend):
             ck, cv = self.context.cross_k, self.context.cross_v
             for li, L in enumerate(self.layers):
                 y = F.layer_norm(x, (self.d_model,), *L.ln1, L.eps)
-                qkv = L.qkv(torch, y).view(n, 3, h, hd).permute(1, 2, 0, 3)
+                qkv = L.qkv(y).view(n, 3, h, hd).permute(1, 2, 0, 3)
                 state.k[li, :, past:end] = qkv[1]
                 state.v[li, :, past:end] = qkv[2]
                 a = F.scaled_dot_product_attention(
                     qkv[0][None], state.k[li, None, :, :end], state.v[li, None, :, :end], attn_mask=mask
                 )[0]
-                x = x + L.o(torch, a.transpose(0, 1).reshape(n, self.d_model))
+                x = x + L.o(a.transpose(0, 1).reshape(n, self.d_model))
                 y = F.layer_norm(x, (self.d_model,), *L.ln2, L.eps)
-                q = L.cq(torch, y).view(n, h, hd).transpose(0, 1)
+                q = L.cq(y).view(n, h, hd).transpose(0, 1)
                 a = torch.softmax(torch.bmm(q, ck[li]), dim=-1).bmm(cv[li])
-                x = x + L.co(torch, a.transpose(0, 1).reshape(n, self.d_model))
+                x = x + L.co(a.transpose(0, 1).reshape(n, self.d_model))
                 y = F.layer_norm(x, (self.d_model,), *L.ln3, L.eps)
-                x = x + L.fc2(torch, F.gelu(L.fc1(torch, y)))
+                x = x + L.fc2(F.gelu(L.fc1(y)))
             if last_only:
                 x = x[-1:]
                 pos_list = pos_list[-1:]
             x = F.layer_norm(x, (self.d_model,), *self.ln_f, self.layers[0].eps)
-            logits = self.head(torch, x)
+            logits = self.head(x)
             if self._head_ids is not None:
                 full = torch.full((logits.shape[0], self.vocab_size), float("-inf"))
                 full[:, self._head_ids] = logits

@@ -8,7 +8,7 @@ the rows padded to 16 takes about the M=16 time for every M from 3 to 16 (and pa
 both cores, which the M=1 path cannot use: it is memory-bound). ``benchmarks/README.md`` has the
 measured whole-model effect; reproduce the matrix figures with ``speclive bench linear``.
 
-A dual-layout linear (``make_dual``) keeps both layouts (the native ``W`` is shared with the original module,
+``DualLinear`` keeps both layouts (the native ``W`` is shared with the original module,
 so the extra memory is one transposed copy of each weight) and picks, per row count, the kernel
 a start-up calibration found fastest: ``x @ Wᵀ`` for few rows, ``W @ xᵀ`` (rows padded up to a
 block) beyond. Rows never mix, so padding changes no real row; the kernels round differently,
@@ -111,6 +111,49 @@ def cached_plan(weight: Any) -> tuple[dict[int, bool], bool]:
     return plan, False
 
 
+class DualLinear:
+    """``y = x @ Wᵀ + b`` for a 2-D ``x``, with ``W`` kept in both layouts (module docstring).
+
+    ``use_native(m)`` says from the plan whether ``m`` rows go through ``W @ xᵀ``; with
+    ``pad_block`` those rows are padded up to a multiple of it first. Shared by the HF module
+    wrapper and the Whisper decoder (``asr.whisper``).
+    """
+
+    __slots__ = ("w", "wt", "b", "bt", "plan", "pad_block", "_cache")
+
+    def __init__(self, w: Any, b: Any, plan: dict[int, bool], pad_block: int | None = PAD_BLOCK):
+        self.w = w.detach().contiguous()
+        self.wt = self.w.t().contiguous()
+        self.b = None if b is None else b.detach().contiguous()
+        self.bt = None if self.b is None else self.b[:, None]
+        self.plan = plan
+        self.pad_block = pad_block
+        self._cache: dict[int, bool] = {}
+
+    def use_native(self, m: int) -> bool:
+        hit = self._cache.get(m)
+        if hit is None:
+            key = next((r for r in CALIBRATE_ROWS if r >= m), CALIBRATE_ROWS[-1])
+            hit = self._cache[m] = self.plan.get(key, m >= PAD_BLOCK)
+        return hit
+
+    def __call__(self, x: Any) -> Any:
+        import torch
+
+        m = x.shape[0]
+        if not self.use_native(m):
+            return x @ self.wt if self.b is None else torch.addmm(self.b, x, self.wt)
+        pad = -(-m // self.pad_block) * self.pad_block - m if self.pad_block else 0
+        xp = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+        y = self.w @ xp.t() if self.bt is None else torch.addmm(self.bt, self.w, xp.t())
+        return y.t()[:m].contiguous()
+
+
+def split_plan(rows: int) -> dict[int, bool]:
+    """A fixed plan: ``W @ xᵀ`` from ``rows`` rows on."""
+    return {m: m >= rows for m in CALIBRATE_ROWS}
+
+
 def _dual_class() -> type:
     import torch
 
@@ -119,30 +162,10 @@ def _dual_class() -> type:
             super().__init__()
             self.native = [native]  # a list: not registered as a submodule (no double weights)
             self.in_features, self.out_features = native.in_features, native.out_features
-            self.w = native.weight.detach()
-            self.wt = self.w.t().contiguous()
-            self.b = native.bias.detach() if native.bias is not None else None
-            self.plan = plan
-            self._cache: dict[int, bool] = {}
-
-        def _use_native(self, m: int) -> bool:
-            hit = self._cache.get(m)
-            if hit is None:
-                key = next((r for r in CALIBRATE_ROWS if r >= m), CALIBRATE_ROWS[-1])
-                hit = self._cache[m] = self.plan.get(key, m >= PAD_BLOCK)
-            return hit
+            self.core = DualLinear(native.weight, native.bias, plan)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            x2 = x.reshape(-1, self.in_features)
-            m = x2.shape[0]
-            if m > 1 and self._use_native(m):
-                pad = _padded(m) - m
-                xp = torch.nn.functional.pad(x2, (0, 0, 0, pad)) if pad else x2
-                y = (self.w @ xp.t()).t()[:m]
-            else:
-                y = x2 @ self.wt
-            if self.b is not None:
-                y = y + self.b
+            y = self.core(x.reshape(-1, self.in_features))
             return y.reshape(*x.shape[:-1], self.out_features)
 
         def extra_repr(self) -> str:
