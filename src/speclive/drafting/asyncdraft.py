@@ -225,7 +225,7 @@ class AsyncHybridDrafter(HybridDrafter):
                 st.jobs_reused += 1
                 st.tokens_reused += len(toks)
                 model_idx = self.add_model_chain(cand, toks[:budget], probs[:budget])
-        tree = self.choose_tracking(cand, budget, self.lookup_cost(), model_idx)
+        tree = self.choose(cand, budget, self.lookup_cost(), keep=model_idx)
         # start drafting the next step while the target verifies this tree
         spec = self._speculated_path(tree)
         if spec:

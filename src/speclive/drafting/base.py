@@ -70,10 +70,20 @@ class AdaptiveLength:
             return 1.0
         return min(4.0, max(0.5, self._obs_s / self._pred_s))
 
-    def expected_speedup(self, k: int) -> float:
-        a = min(max(self.alpha, 0.0), 0.999)
+    def expected_speedup(self, k: int, alpha: float | None = None, extra: float = 0.0) -> float:
+        """Expected speedup of a ``k``-token draft at acceptance ``alpha`` (default: the
+        estimate), with ``extra`` one-off cost (target-step units) charged to this step."""
+        a = min(max(self.alpha if alpha is None else alpha, 0.0), 0.999)
         tokens = (1 - a ** (k + 1)) / (1 - a)
-        return tokens / (self._model_cost(k) * self.cost_scale)
+        return tokens / (self._model_cost(k) * self.cost_scale + extra)
+
+    def ceiling(self, alpha: float, extra: float = 0.0) -> float:
+        """Best expected speedup over every length if ``alpha`` of the drafts were accepted.
+
+        Below 1 + margin nothing can pay, however well the drafter guesses: a probe (which
+        for a draft model means re-syncing its cache, ``extra``) would be wasted.
+        """
+        return max(self.expected_speedup(k, alpha, extra) for k in range(1, self.cfg.max_len + 1))
 
     def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
         """Wall time of one drafting step (draft + verify) that drafted ``drafted`` tokens and

@@ -20,13 +20,13 @@ the asynchronous drafter reuses it from a worker thread.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from speclive.backends.base import Backend
 from speclive.drafting.base import AdaptiveConfig, AdaptiveLength
 from speclive.drafting.datastore import SuffixDatastore
-from speclive.drafting.model import draft_chain
+from speclive.drafting.model import DEFAULT_WINDOW, catch_up_cost, draft_chain, window_start
 from speclive.drafting.retrieval import Candidates
 from speclive.drafting.suffix import SuffixConfig, SuffixDrafter
 from speclive.drafting.tree import DraftTree
@@ -45,19 +45,35 @@ class HybridConfig:
     model_prior_alpha: float = 0.7
     #: draft with the model every step regardless of cost (fusion always on; tests, GPUs)
     always_model: bool = False
-    #: the model is not even probed when this acceptance rate would not make it pay
+    #: the model is not even probed when this acceptance rate would not make it pay (drafts
+    #: plus the catch-up prefill of its cache, which fell behind while it was off)
     ceiling_alpha: float = 0.9
+    #: the draft model reads the last this many tokens of the prompt (None: all; see ``model``)
+    window: int | None = DEFAULT_WINDOW
 
 
 class ModelSource:
-    """A draft backend whose cache follows a token sequence; drafts greedy chains."""
+    """A draft backend whose cache follows a token sequence; drafts greedy chains.
 
-    def __init__(self, draft: Backend, threshold: float = 0.4):
+    Like the model drafter it reads the context from a start fixed per generation (``begin``:
+    the last ``window`` prompt tokens), so a late first draft does not prefill a long prompt.
+    """
+
+    def __init__(self, draft: Backend, threshold: float = 0.4, window: int | None = DEFAULT_WINDOW):
         self.draft = draft
         self.threshold = threshold
+        self.window = window
+        self.start = 0
         self.state = draft.new_state()
         self.seconds = 0.0
         self.steps = 0
+
+    def begin(self, context: Sequence[int]) -> None:
+        self.start = window_start(context, self.window)
+
+    def catch_up(self, context: Sequence[int], draft_ratio: float) -> float:
+        """Cost (target steps) of syncing the cache to ``context`` before drafting."""
+        return catch_up_cost(self.draft, self.state, context[self.start :], draft_ratio)
 
     def chain(self, context: Sequence[int], k: int, stop: object = None) -> tuple[list[int], list[float]]:
         """Up to ``k`` greedy draft tokens after ``context`` with their probabilities.
@@ -65,7 +81,7 @@ class ModelSource:
         ``stop`` (an object with ``is_set()``) is checked between draft steps.
         """
         t0 = time.perf_counter()
-        logits = self.draft.sync(self.state, context)[-1]
+        logits = self.draft.sync(self.state, context[self.start :])[-1]
         d = draft_chain(self.draft, self.state, logits, k, self.threshold, stop=stop)
         toks, probs = d.tokens, d.probs
         self.seconds += time.perf_counter() - t0
@@ -93,13 +109,16 @@ class HybridDrafter(SuffixDrafter):
         self.hcfg = config or HybridConfig()
         if not 0.0 <= self.hcfg.threshold < 1.0:
             raise ConfigError(f"confidence threshold must be in [0, 1), got {self.hcfg.threshold}")
-        self.model = ModelSource(draft, self.hcfg.threshold)
+        self.model = ModelSource(draft, self.hcfg.threshold, self.hcfg.window)
         self.model_ctl = AdaptiveLength(
             AdaptiveConfig(max_len=self.hcfg.model_max_len, prior_alpha=self.hcfg.model_prior_alpha)
         )
         self.model_runs = 0
-        self._model_nodes: list[int] = []  # tree node indices drafted by the model in the last step
         self.detail = f"draft={draft.name} datastore={self.store.n if self.store else 0} tokens"
+
+    def begin(self, context: Sequence[int]) -> None:
+        super().begin(context)
+        self.model.begin(context)
 
     def bind(self, target: Backend) -> None:
         super().bind(target)
@@ -114,14 +133,27 @@ class HybridDrafter(SuffixDrafter):
         t_t = self._step_seconds()
         return t_d / t_t if t_d and t_t else 0.45
 
-    def model_length(self, retrieval_gain: float) -> int:
-        """Model chain length to draft this step (0: the model does not pay over retrieval)."""
+    def model_length(
+        self, retrieval_gain: float | Callable[[], float], context: Sequence[int] = ()
+    ) -> int:
+        """Model chain length to draft this step (0: the model does not pay over retrieval).
+
+        ``retrieval_gain``: the best retrieval tree's expected gain, or a function computing it
+        (a second tree selection, only run when the model could pay at all).
+        """
         if self.hcfg.always_model:
             return self.hcfg.model_max_len
-        self.model_ctl.draft_ratio = self._draft_ratio()
-        if self.model_ceiling() < max(retrieval_gain, 1.0) * self.hcfg.model_margin:
+        ratio = self.model_ctl.draft_ratio = self._draft_ratio()
+        ceiling = self.model_ctl.ceiling(self.hcfg.ceiling_alpha)
+        if ceiling < self.hcfg.model_margin:
             # even near-perfect acceptance would not pay: do not even probe (a probe re-syncs
-            # the draft cache over the whole context, a prefill of the draft model)
+            # the draft cache, a prefill of the draft model when it has been off a while)
+            return 0
+        if callable(retrieval_gain):
+            retrieval_gain = retrieval_gain()
+        extra = self.model.catch_up(context, ratio) if context else 0.0
+        bar = max(retrieval_gain, 1.0) * self.hcfg.model_margin
+        if ceiling < bar or (extra and self.model_ctl.ceiling(self.hcfg.ceiling_alpha, extra) < bar):
             return 0
         k = self.model_ctl.length()
         if k <= 0:
@@ -132,70 +164,34 @@ class HybridDrafter(SuffixDrafter):
             return 0
         return k
 
-    def model_ceiling(self) -> float:
-        """Best expected speedup of a model chain if ``ceiling_alpha`` of its tokens were accepted."""
-        a = self.hcfg.ceiling_alpha
-        ratio = self.model_ctl.draft_ratio
-        best = 0.0
-        for k in range(1, self.hcfg.model_max_len + 1):
-            tokens = (1 - a ** (k + 1)) / (1 - a)
-            best = max(best, tokens / (self._cost(k + 1) + k * ratio))
-        return best
-
     def _retrieval_gain(self, cand: Candidates, budget: int) -> float:
         nodes, gain = cand.select(budget, self._cost, self.lookup_cost(), self._max_leaves(), 0.0)
         return gain if nodes else 1.0
 
     def add_model_chain(self, cand: Candidates, toks: Sequence[int], probs: Sequence[float]) -> list[int]:
-        return cand.add_chain(toks, probs, self.calib.scale("model"), "model", "model") if toks else []
+        if not toks:
+            return []
+        idx = cand.add_chain(toks, probs, self.calib.scale("model"), "model", "model")
+        cand.chains["model"] = idx  # its accepted prefix feeds the model's controller
+        return idx
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         cand = self.retrieve(context)
         draft_cost = self.lookup_cost()
-        k = min(budget, self.model_length(self._retrieval_gain(cand, budget)))
+        k = min(budget, self.model_length(lambda: self._retrieval_gain(cand, budget), context))
         model_idx: list[int] = []
         if k > 0:
             toks, probs = self.model.chain(context, k)
             self.model_runs += 1
             model_idx = self.add_model_chain(cand, toks, probs)
             draft_cost += len(toks) * self._draft_ratio()
-        tree = self.choose_tracking(cand, budget, draft_cost, model_idx)
-        return tree
+        return self.choose(cand, budget, draft_cost, keep=model_idx)
 
-    def choose_tracking(
-        self, cand: Candidates, budget: int, draft_cost: float, model_idx: Sequence[int]
-    ) -> DraftTree:
-        """``choose`` and remember which tree nodes the model drafted (for its controller)."""
-        force = 0
-        if self._off >= self._backoff:
-            force = self.cfg.probe_nodes
-        nodes, gain = cand.select(
-            budget, self._cost, draft_cost, self._max_leaves(), self.cfg.min_gain, force
-        )
-        if model_idx and not nodes:
-            # the model already paid for its chain: verify at least its first token
-            nodes = [model_idx[0]]
-        if nodes:
-            self._backoff = min(self._backoff * 2, 256) if gain < self.cfg.min_gain else self.cfg.probe_after
-            self._off = 0
+    def chain_feedback(self, name: str, drafted: int, kept: int) -> None:
+        if name == "model":
+            self.model_ctl.update(drafted, kept)
         else:
-            self._off += 1
-        self._last = [(cand.key[i], cand.raw[i]) for i in nodes]
-        pos = {c: j for j, c in enumerate(nodes)}
-        self._model_nodes = [pos[c] for c in model_idx if c in pos]
-        return cand.tree(nodes)
-
-    def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
-        if self._model_nodes:
-            acc = set(accepted_nodes)
-            kept = 0
-            for j in self._model_nodes:  # the model chain is root-anchored: count its accepted prefix
-                if j not in acc:
-                    break
-                kept += 1
-            self.model_ctl.update(len(self._model_nodes), kept)
-            self._model_nodes = []
-        super().feedback(tree, accepted_nodes, bonus)
+            super().chain_feedback(name, drafted, kept)
 
     def close(self) -> None:
         self.model.close()

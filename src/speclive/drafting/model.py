@@ -29,6 +29,20 @@ from speclive.errors import ConfigError
 #: a sync that extends more tokens than this is catch-up (new prompt, pause), not drafting
 ONEOFF_TOKENS = 4
 DEFAULT_WINDOW = 96
+#: a switched-off draft model is not probed when even this acceptance rate would not pay
+CEILING_ALPHA = 0.95
+
+
+def catch_up_cost(draft: Backend, state: BackendState, tokens: Sequence[int], draft_ratio: float) -> float:
+    """Cost (target single steps) of bringing ``state`` up to ``tokens``, if it is catch-up.
+
+    A draft cache left behind while drafting was off must prefill what it missed before it can
+    draft: that is what made probes of an off draft model expensive.
+    """
+    behind = len(tokens) - common_prefix_len(state.tokens, tokens)
+    if behind <= ONEOFF_TOKENS or draft_ratio <= 0:
+        return 0.0
+    return draft_ratio * draft.cost.ratio(behind)
 
 
 def window_start(context: Sequence[int], window: int | None) -> int:
@@ -151,7 +165,14 @@ class ModelDrafter(Drafter):
         k = min(budget, self.adaptive.length())
         if k <= 0:
             return DraftTree()
-        logits = timed_sync(self, self.draft, self.state, context[self._start :])[-1]
+        view = context[self._start :]
+        if self.adaptive.off and not self.adaptive.cfg.fixed:
+            # a probe: skipped (the back-off still grows) when even near-perfect acceptance
+            # could not pay for the drafts plus the catch-up prefill of the draft cache
+            extra = catch_up_cost(self.draft, self.state, view, self.adaptive.draft_ratio)
+            if self.adaptive.ceiling(CEILING_ALPHA, extra) < self.adaptive.cfg.min_gain:
+                return DraftTree()
+        logits = timed_sync(self, self.draft, self.state, view)[-1]
         d = draft_chain(self.draft, self.state, logits, k, self.threshold, self.temperature, self.rng)
         return DraftTree.chain(d.tokens, probs=d.probs, dists=d.dists, source=self.name)
 

@@ -29,7 +29,7 @@ from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError
 
 #: prior per-token acceptance of a draft copied after a match of at least this many tokens
-_BUCKET_PRIOR = {2: 0.45, 4: 0.6, 8: 0.8, 16: 0.9}
+BUCKET_PRIOR = {2: 0.45, 4: 0.6, 8: 0.8, 16: 0.9}
 
 
 class NgramDrafter(Drafter):
@@ -52,7 +52,7 @@ class NgramDrafter(Drafter):
         self.min_n, self.max_match, self.max_candidates = min_n, max_match, max_candidates
         self.buckets = tuple(int(b) for b in buckets)
         self.by_bucket = {
-            b: AdaptiveLength(replace(base, prior_alpha=_BUCKET_PRIOR.get(b, base.prior_alpha)))
+            b: AdaptiveLength(replace(base, prior_alpha=BUCKET_PRIOR.get(b, base.prior_alpha)))
             for b in self.buckets
         }
         self._ctx: list[int] = []

@@ -116,8 +116,60 @@ class CountTree:
         return self.counts / (parent_count + np.where(root, prior, deep_prior))
 
 
+#: at most this many continuation cells are counted in plain Python (NumPy's per-call overhead
+#: dominates small tries: a per-request lookup has a handful of rows)
+SMALL_TRIE_CELLS = 512
+
+
 def count_tree(conts: np.ndarray, weights: np.ndarray | None = None) -> CountTree:
-    """Count the rows of ``conts`` (``SEP`` ends a row) into a trie, level by level."""
+    """Count the rows of ``conts`` (``SEP`` ends a row) into a trie, level by level.
+
+    Nodes are numbered level by level, within a level by (parent, token).
+    """
+    if conts.size <= SMALL_TRIE_CELLS:
+        return _count_tree_small(conts, weights)
+    return _count_tree_numpy(conts, weights)
+
+
+def _count_tree_small(conts: np.ndarray, weights: np.ndarray | None = None) -> CountTree:
+    rows = conts.tolist()
+    w = [1.0] * len(rows) if weights is None else [float(x) for x in weights]
+    total = float(sum(w)) if rows else 0.0
+    toks: list[int] = []
+    pars: list[int] = []
+    cnts: list[float] = []
+    deps: list[int] = []
+    parent = [-1] * len(rows)
+    alive = list(range(len(rows)))
+    depth = conts.shape[1] if conts.ndim == 2 else 0
+    for k in range(depth):
+        alive = [r for r in alive if rows[r][k] >= 0]
+        if not alive:
+            break
+        level: dict[tuple[int, int], float] = {}
+        for r in alive:
+            key = (parent[r], rows[r][k])
+            level[key] = level.get(key, 0.0) + w[r]
+        base = len(toks)
+        where = {}
+        for j, key in enumerate(sorted(level)):
+            where[key] = base + j
+            pars.append(key[0])
+            toks.append(key[1])
+            cnts.append(level[key])
+            deps.append(k)
+        for r in alive:
+            parent[r] = where[(parent[r], rows[r][k])]
+    return CountTree(
+        np.asarray(toks, dtype=np.int64),
+        np.asarray(pars, dtype=np.int64),
+        np.asarray(cnts, dtype=np.float64),
+        np.asarray(deps, dtype=np.int64),
+        total,
+    )
+
+
+def _count_tree_numpy(conts: np.ndarray, weights: np.ndarray | None = None) -> CountTree:
     s = conts.shape[0]
     w = np.ones(s) if weights is None else np.asarray(weights, dtype=np.float64)
     total = float(w.sum()) if s else 0.0
@@ -141,6 +193,8 @@ def count_tree(conts: np.ndarray, weights: np.ndarray | None = None) -> CountTre
         deps.append(np.full(len(uniq), k, dtype=np.int64))
         parent[alive] = n + inv
         n += len(uniq)
+    if not toks:  # every continuation ended at once (matches at the ends of documents)
+        return CountTree(total=total)
     return CountTree(
         np.concatenate(toks), np.concatenate(pars), np.concatenate(cnts), np.concatenate(deps), total
     )
@@ -155,30 +209,54 @@ def top_nodes(tree: CountTree, m: int) -> list[int]:
 
 
 class Calibrator:
-    """Learned ratio of accepted to predicted draft nodes per key (EMA of both sums)."""
+    """Learned ratio of accepted to predicted draft nodes per key (EMA of both sums).
+
+    Keys are ``"store:bucket"``; every update also feeds the store's own key (``"store"``),
+    and a bucket not seen yet borrows its store's ratio instead of the prior: a store whose
+    drafts keep failing (the corpus store on chat) is not retried afresh in every new bucket.
+    The first updates of a key are averaged (weight 1/(n+1), the prior counting as one
+    observation) before the EMA takes over, so one verification already moves the ratio.
+    """
 
     def __init__(self, ema: float = 0.1, floor: float = 0.05, ceil: float = 1.5, prior: float = 1.0):
         self.ema, self.floor, self.ceil, self.prior = ema, floor, ceil, prior
         self._acc: dict[str, float] = {}
         self._pred: dict[str, float] = {}
+        self._n: dict[str, int] = {}
+
+    def _ratio(self, key: str) -> float | None:
+        pred = self._pred.get(key)
+        return min(self.ceil, max(self.floor, self._acc[key] / pred)) if pred else None
 
     def scale(self, key: str) -> float:
-        pred = self._pred.get(key)
-        if not pred:
-            return self.prior
-        return min(self.ceil, max(self.floor, self._acc[key] / pred))
+        r = self._ratio(key)
+        if r is None and ":" in key:
+            r = self._ratio(key.split(":", 1)[0])
+        return self.prior if r is None else r
 
     def update(self, predicted: dict[str, float], accepted: dict[str, float]) -> None:
-        e = self.ema
+        pooled_pred: dict[str, float] = {}
+        pooled_acc: dict[str, float] = {}
         for key, pred in predicted.items():
             if pred <= 0:
                 continue
-            acc = accepted.get(key, 0.0)
-            if key not in self._pred:
-                # start from the prior ratio, then move by one EMA step
-                self._pred[key], self._acc[key] = pred, pred * self.prior
-            self._pred[key] = (1 - e) * self._pred[key] + e * pred
-            self._acc[key] = (1 - e) * self._acc[key] + e * acc
+            self._step(key, pred, accepted.get(key, 0.0))
+            if ":" in key:
+                store = key.split(":", 1)[0]
+                pooled_pred[store] = pooled_pred.get(store, 0.0) + pred
+                pooled_acc[store] = pooled_acc.get(store, 0.0) + accepted.get(key, 0.0)
+        for store, pred in pooled_pred.items():
+            self._step(store, pred, pooled_acc[store])
+
+    def _step(self, key: str, pred: float, acc: float) -> None:
+        n = self._n.get(key, 0)
+        if n == 0:  # the prior ratio (borrowed from the store where known) as one observation
+            start = self.scale(key)
+            self._pred[key], self._acc[key] = pred, pred * start
+        e = max(self.ema, 1.0 / (n + 2))
+        self._n[key] = n + 1
+        self._pred[key] = (1 - e) * self._pred[key] + e * pred
+        self._acc[key] = (1 - e) * self._acc[key] + e * acc
 
     def snapshot(self) -> dict[str, float]:
         return {k: round(self.scale(k), 3) for k in sorted(self._pred)}
@@ -195,6 +273,10 @@ class Candidates:
         self.q: list[float] = []  # draft probability of the node's token given its parent
         self.key: list[str] = []  # calibration key of the tree that first proposed the node
         self.source: list[str] = []
+        #: root-anchored chains whose accepted prefix their drafter wants reported (name -> nodes)
+        self.chains: dict[str, list[int]] = {}
+        #: nodes a source asks to verify when nothing else is selected (its own probe)
+        self.probe: list[int] = []
         self._child: dict[tuple[int, int], int] = {}
 
     def __len__(self) -> int:

@@ -10,6 +10,10 @@ Each step (Algorithm 1, twice):
 3. the trees are fused by longest-prefix matching and scored: a node's score is its empirical
    path probability (count / matches, with ``prior`` pseudo-counts) times a calibration factor
    learned online per (store, match-length bucket);
+   the continuation of the *latest* longest request match (what the n-gram drafter copies) is
+   fused in as a chain of its own, its node at depth d scored α_b^(d+1) with α_b the acceptance
+   learned per match-length bucket b (geometric, as the n-gram drafter learns it): a long exact
+   copy that keeps being accepted stays long, where path-probability scores decay with depth;
 4. the verified tree is the prefix of nodes, by decreasing score, that maximises expected tokens
    per unit of time under the target's measured verification-cost curve; when no tree beats
    plain AR by ``min_gain`` nothing is drafted (with a periodic probe so calibration recovers).
@@ -26,8 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from speclive.backends.base import Backend
-from speclive.drafting.base import Drafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.datastore import SuffixDatastore
+from speclive.drafting.ngram import BUCKET_PRIOR
 from speclive.drafting.retrieval import (
     Calibrator,
     Candidates,
@@ -63,7 +68,9 @@ class SuffixConfig:
     #: steps without drafting before a probe (doubles after each probe, up to 256)
     probe_after: int = 8
     #: nodes verified by a probe
-    probe_nodes: int = 2
+    probe_nodes: int = 1
+    #: fuse the latest longest request match's continuation in as a chain (module docstring)
+    copy_chain: bool = True
 
     def validate(self) -> None:
         if self.depth < 1 or self.max_nodes < 1 or self.max_match < 1:
@@ -108,8 +115,16 @@ class SuffixDrafter(Drafter):
         self._lookup_ema: float | None = None
         self._off = 0
         self._backoff = self.cfg.probe_after
+        self._probing = False
         # per proposed node: (calibration key, raw score) of the last proposal
         self._last: list[tuple[str, float]] = []
+        # acceptance of the copied chain per match-length bucket (the n-gram drafter's buckets)
+        self.chain_ctl = {
+            b: AdaptiveLength(AdaptiveConfig(max_len=self.cfg.depth, prior_alpha=a))
+            for b, a in BUCKET_PRIOR.items()
+        }
+        # per tracked chain of the last proposal: its node indices in the proposed tree
+        self._chains: dict[str, list[int]] = {}
         self.detail = f"datastore={self.store.n if self.store else 0} tokens"
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -140,6 +155,8 @@ class SuffixDrafter(Drafter):
             cand.add_counts(
                 tree, top_nodes(tree, cfg.max_nodes), cfg.prior, self.calib.scale(key), key, "request"
             )
+            if cfg.copy_chain:
+                self._add_copy_chain(cand, length, conts[0])  # row 0: the latest occurrence
         if self.store is not None:
             m = self.store.match(context[-cfg.max_match :], cfg.max_match)
             if m.length >= cfg.global_min_match:
@@ -152,6 +169,23 @@ class SuffixDrafter(Drafter):
         self.lookup_stats.add(dt)
         self._lookup_ema = dt if self._lookup_ema is None else 0.8 * self._lookup_ema + 0.2 * dt
         return cand
+
+    def _add_copy_chain(self, cand: Candidates, length: int, row: np.ndarray) -> None:
+        """The continuation ``row`` of a ``length``-token match as a chain scored α_b^(d+1)."""
+        ends = np.flatnonzero(row < 0)
+        n = int(ends[0]) if len(ends) else len(row)
+        if n == 0:
+            return
+        b = max((x for x in self.chain_ctl if x <= length), default=min(self.chain_ctl))
+        ctl = self.chain_ctl[b]
+        key = f"chain:{b}"
+        idx = cand.add_chain([int(t) for t in row[:n]], [ctl.alpha] * n, 1.0, key, "chain")
+        cand.chains[key] = idx
+        # the bucket's controller, as the n-gram drafter's: while its chains do not pay it is
+        # off and asks for a short probe now and then (backing off exponentially)
+        k = ctl.length()
+        if ctl.off and k > 0:
+            cand.probe = idx[:k]
 
     def _cost(self, k: int) -> float:
         return self.target.cost.ratio(k) if self.target is not None else 1.0 + 0.5 * (k - 1)
@@ -167,23 +201,35 @@ class SuffixDrafter(Drafter):
     def _max_leaves(self) -> int | None:
         return getattr(self.target, "max_tree_branches", None)
 
-    def choose(self, cand: Candidates, budget: int, draft_cost: float) -> DraftTree:
-        """Select the nodes to verify (with probing when drafting is off) and remember them."""
+    def choose(
+        self, cand: Candidates, budget: int, draft_cost: float, keep: Sequence[int] = ()
+    ) -> DraftTree:
+        """Select the nodes to verify (with probing when drafting is off) and remember them.
+
+        ``keep``: candidate nodes already paid for (a drafted model chain); if the selection is
+        empty, the first of them is verified anyway (else the copied chain's probe, if it asks).
+        """
         force = 0
         if self._off >= self._backoff:
             force = self.cfg.probe_nodes
         nodes, gain = cand.select(
             budget, self._cost, draft_cost, self._max_leaves(), self.cfg.min_gain, force=force
         )
+        if keep and not nodes:
+            nodes = [keep[0]]
+        elif cand.probe and not nodes:
+            nodes, gain = list(cand.probe), self.cfg.min_gain  # the chain's probe: its own back-off
+        # a probe (nodes without expected gain) doubles the back-off unless something of it is
+        # accepted (``feedback``); drafts that were expected to pay leave the back-off alone
+        self._probing = bool(nodes) and gain < self.cfg.min_gain
         if nodes:
-            if gain < self.cfg.min_gain:  # a probe
-                self._backoff = min(self._backoff * 2, 256)
-            else:
-                self._backoff = self.cfg.probe_after
             self._off = 0
         else:
             self._off += 1
         self._last = [(cand.key[i], cand.raw[i]) for i in nodes]
+        pos = {c: j for j, c in enumerate(nodes)}
+        chains = {name: [pos[c] for c in idx if c in pos] for name, idx in cand.chains.items()}
+        self._chains = {name: idx for name, idx in chains.items() if idx}
         return cand.tree(nodes)
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
@@ -191,17 +237,36 @@ class SuffixDrafter(Drafter):
         return self.choose(cand, budget, self.lookup_cost())
 
     def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
+        chains, self._chains = self._chains, {}
+        if self._probing:
+            self._backoff = self.cfg.probe_after if accepted_nodes else min(self._backoff * 2, 256)
+        self._probing = False
         if not self._last or len(self._last) != len(tree):
             return
+        acc = set(accepted_nodes)
+        for name, nodes in chains.items():
+            kept = 0
+            for j in nodes:  # root-anchored chains: count the accepted prefix
+                if j not in acc:
+                    break
+                kept += 1
+            self.chain_feedback(name, len(nodes), kept)
         predicted: dict[str, float] = {}
         accepted: dict[str, float] = {}
         for key, raw in self._last:
-            predicted[key] = predicted.get(key, 0.0) + raw
+            if not key.startswith("chain:"):  # copied chains learn α_b, not a calibration
+                predicted[key] = predicted.get(key, 0.0) + raw
         for i in accepted_nodes:
             key = self._last[i][0]
-            accepted[key] = accepted.get(key, 0.0) + 1.0
+            if key in predicted:
+                accepted[key] = accepted.get(key, 0.0) + 1.0
         self.calib.update(predicted, accepted)
         self._last = []
+
+    def chain_feedback(self, name: str, drafted: int, kept: int) -> None:
+        """``kept`` of the ``drafted`` verified nodes of a tracked chain were accepted."""
+        if name.startswith("chain:"):
+            self.chain_ctl[int(name.split(":", 1)[1])].update(drafted, kept)
 
     def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
         pass  # selection reads the target's measured cost curve directly
