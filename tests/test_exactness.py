@@ -96,7 +96,12 @@ class NoisyTreeDrafter(Drafter):
 def _drafters(backend, continuation):
     return {
         "ngram": NgramDrafter(),
-        "model-adaptive": ModelDrafter(backend, threshold=0.4),
+        # SmolLM2 drafting for itself costs a full target step per token, so the default
+        # gate (min_gain 1.03) rightly never drafts; no bar keeps the adaptive length and
+        # confidence truncation under this identity test
+        "model-adaptive": ModelDrafter(
+            backend, threshold=0.4, adaptive=AdaptiveConfig(max_len=24, prior_alpha=0.7, min_gain=0.0)
+        ),
         "model-fixed4": ModelDrafter(backend, fixed_len=4),
         "crossvocab": CrossVocabDrafter(backend),
         "noisy-tree": NoisyTreeDrafter(continuation, backend.vocab_size),
