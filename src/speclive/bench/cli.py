@@ -405,7 +405,7 @@ def cmd_predgen(args: argparse.Namespace) -> int:
         "--max-tokens",
         str(args.max_tokens),
         "--tag",
-        tag,
+        tag.removeprefix("predgen-"),
     ]
     if args.no_tts:
         parts.append("--no-tts")
