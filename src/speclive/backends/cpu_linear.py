@@ -37,8 +37,9 @@ PAD_BLOCK = 16
 CALIBRATE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-def _padded(m: int) -> int:
-    return -(-m // PAD_BLOCK) * PAD_BLOCK
+def _padded(m: int, block: int = PAD_BLOCK) -> int:
+    """``m`` rounded up to a multiple of ``block``."""
+    return -(-m // block) * block
 
 
 def calibrate(weight: Any, repeats: int = 5) -> dict[int, bool]:
@@ -70,16 +71,11 @@ def calibrate(weight: Any, repeats: int = 5) -> dict[int, bool]:
 
 
 def _plan_key(weight: Any) -> str:
-    import platform
-
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from speclive.bench.report import cpu_model
+
+    cpu = cpu_model()
     shape = "x".join(str(d) for d in weight.shape)
     return f"{cpu}|cores={os.cpu_count()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{shape}"
 
@@ -143,7 +139,7 @@ class DualLinear:
         m = x.shape[0]
         if not self.use_native(m):
             return x @ self.wt if self.b is None else torch.addmm(self.b, x, self.wt)
-        pad = -(-m // self.pad_block) * self.pad_block - m if self.pad_block else 0
+        pad = _padded(m, self.pad_block) - m if self.pad_block else 0
         xp = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
         y = self.w @ xp.t() if self.bt is None else torch.addmm(self.bt, self.w, xp.t())
         return y.t()[:m].contiguous()
