@@ -183,3 +183,28 @@ def test_small_and_numpy_tries_agree():
         for f in ("tokens", "parents", "depth"):
             assert getattr(a, f).tolist() == getattr(b, f).tolist(), (trial, f)
         assert np.allclose(a.counts, b.counts) and a.total == pytest.approx(b.total)
+
+
+def test_survival_controller_learns_bursty_copies():
+    """Drafts that are either copied whole or rejected at once: the survival estimate sees
+    that a draft surviving its first token survives to the end, and drafts long."""
+    surv = AdaptiveLength(AdaptiveConfig(max_len=16, prior_alpha=0.6, survival=True))
+    surv.target_cost = CurveTarget().cost
+    for i in range(60):
+        surv.update(15, 15 if i % 2 else 0)
+    assert surv.survival_curve()[0] == pytest.approx(0.5, abs=0.1)
+    assert surv.survival_curve()[14] > 0.4  # nearly everything past depth 1 survives
+    assert surv.best_length() >= 12
+    # a drafter whose copies break at a fixed depth learns to stop there
+    edit = AdaptiveLength(AdaptiveConfig(max_len=16, prior_alpha=0.9, survival=True))
+    edit.target_cost = CurveTarget().cost
+    for _ in range(60):
+        edit.update(15, 3)
+    assert edit.survival_curve()[2] > 0.8 and edit.survival_curve()[3] < 0.2
+    assert edit.best_length() == 3
+    # the geometric model cannot represent "always breaks at depth 4": it drafts past it
+    geo = AdaptiveLength(AdaptiveConfig(max_len=16, prior_alpha=0.9))
+    geo.target_cost = CurveTarget().cost
+    for _ in range(60):
+        geo.update(15, 3)
+    assert geo.best_length() != 3

@@ -14,6 +14,15 @@ maximises expected tokens per unit time,
 
 and drafts nothing (k = 0, plain AR) when no k beats AR by a margin. While off it probes
 again with exponential back-off so a drafter that starts paying is switched back on.
+
+The geometric model fits drafters whose guesses fail independently (a draft model). Copying
+drafters fail in bursts: a copied passage is either taken whole or left at an edit, so the
+tokens kept per step are far from geometric and the model keeps drafts too short. With
+``survival=True`` the controller also learns the survival curve S(j) = P(depth j is accepted)
+itself: a Kaplan-Meier estimate from decayed counts of how many drafts reached depth j and how
+many failed there (a fully accepted draft is a censored observation), shrunk towards the
+geometric curve of the current α where few drafts reached that deep. Then
+E[tokens | k] = 1 + S(1) + ... + S(k).
 """
 
 from __future__ import annotations
@@ -42,6 +51,12 @@ class AdaptiveConfig:
     probe_len: int = 2
     #: disable adaptation: always draft ``max_len``
     fixed: bool = False
+    #: learn the per-depth survival curve instead of assuming geometric acceptance (see module doc)
+    survival: bool = False
+    #: per-update decay of the survival counts (memory of roughly 1/decay drafts)
+    survival_decay: float = 0.05
+    #: pseudo-drafts of the geometric α curve mixed into each depth's estimate
+    survival_prior: float = 2.0
 
 
 class AdaptiveLength:
@@ -57,6 +72,10 @@ class AdaptiveLength:
         # (draft-cache sync, Python, logits copies), the measurement does not
         self._obs_s: float | None = None
         self._pred_s: float | None = None
+        # survival mode: decayed counts of drafts that reached depth j / were rejected at depth j
+        n = self.cfg.max_len + 1
+        self._reach = [0.0] * n
+        self._fail = [0.0] * n
 
     def _model_cost(self, k: int) -> float:
         """Modelled cost of a step drafting ``k`` tokens, in target single-step units."""
@@ -73,9 +92,23 @@ class AdaptiveLength:
     def expected_speedup(self, k: int, alpha: float | None = None, extra: float = 0.0) -> float:
         """Expected speedup of a ``k``-token draft at acceptance ``alpha`` (default: the
         estimate), with ``extra`` one-off cost (target-step units) charged to this step."""
-        a = min(max(self.alpha if alpha is None else alpha, 0.0), 0.999)
-        tokens = (1 - a ** (k + 1)) / (1 - a)
+        if alpha is None and self.cfg.survival:
+            tokens = 1.0 + sum(self.survival_curve()[:k])
+        else:
+            a = min(max(self.alpha if alpha is None else alpha, 0.0), 0.999)
+            tokens = (1 - a ** (k + 1)) / (1 - a)
         return tokens / (self._model_cost(k) * self.cost_scale + extra)
+
+    def survival_curve(self) -> list[float]:
+        """Estimated S(1..max_len): the probability that draft depth j is accepted."""
+        a = min(max(self.alpha, 0.0), 0.999)
+        w = self.cfg.survival_prior
+        out, s = [], 1.0
+        for j in range(1, self.cfg.max_len + 1):
+            hazard = (self._fail[j] + w * (1.0 - a)) / (self._reach[j] + w)
+            s *= 1.0 - min(max(hazard, 0.0), 1.0)
+            out.append(s)
+        return out
 
     def ceiling(self, alpha: float, extra: float = 0.0) -> float:
         """Best expected speedup over every length if ``alpha`` of the drafts were accepted.
@@ -135,6 +168,15 @@ class AdaptiveLength:
             self.alpha = (1 - e) * self.alpha + e
         if accepted < drafted:
             self.alpha = (1 - e) * self.alpha
+        if self.cfg.survival:
+            keep = 1.0 - self.cfg.survival_decay
+            self._reach = [c * keep for c in self._reach]
+            self._fail = [c * keep for c in self._fail]
+            deepest = min(accepted + 1, drafted, self.cfg.max_len)
+            for j in range(1, deepest + 1):
+                self._reach[j] += 1.0
+            if accepted < drafted and accepted + 1 <= self.cfg.max_len:
+                self._fail[accepted + 1] += 1.0
 
 
 class Drafter(ABC):
