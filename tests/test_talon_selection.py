@@ -16,6 +16,7 @@ from test_async_fake import MarkovLM, _ar
 from speclive.backends.base import CostModel
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
 from speclive.drafting.base import AdaptiveConfig, AdaptiveLength
+from speclive.drafting.crossvocab import CrossVocabDrafter
 from speclive.drafting.hybrid import HybridConfig, HybridDrafter
 from speclive.drafting.model import ModelDrafter, catch_up_cost
 from speclive.drafting.retrieval import Calibrator
@@ -143,6 +144,12 @@ def test_model_drafter_stops_probing_a_draft_that_cannot_pay():
     assert out == ref
     # the back-off offers probes after 8, 16, 32, 64, 128 idle steps: all refused (each would
     # cost a catch-up prefill of the draft cache plus its drafts)
+    assert late_calls == 0, late_calls
+
+
+def test_crossvocab_drafter_stops_probing_a_draft_that_cannot_pay():
+    out, ref, late_calls = _slow_draft_run(lambda dr: CrossVocabDrafter(dr, window=None))
+    assert out == ref
     assert late_calls == 0, late_calls
 
 
