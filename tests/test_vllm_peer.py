@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from speclive.bench import vllm_peer
-from speclive.bench.peers import VLLM_METHODS, VllmPeer, vllm_python
+from speclive.bench.peers import VLLM_METHODS, VllmPeer, vllm_forwards, vllm_python
 
 
 def test_speculative_config_per_method() -> None:
@@ -193,3 +193,11 @@ def test_peer_comparison_line() -> None:
     assert "vllm-suffix" not in line  # no throughput: nothing to compare
     assert line.index("llama-cpp-python") < line.index("vllm-ngram") < line.index("vllm-ar")
     assert peer_comparison(rows[:2]) == ""
+
+
+def test_vllm_forwards_estimate() -> None:
+    assert vllm_forwards(128, None, None) == 128  # plain decoding: prefill + 127 steps
+    assert vllm_forwards(128, 20, 111) == 21  # 20 verifications + prefill (17 undercounts)
+    assert vllm_forwards(128, 26, 104) == 27  # k=4, all accepted, the last step cut at max_tokens
+    assert vllm_forwards(100, 10, 40) == 60  # steps without a draft count too
+    assert vllm_forwards(0, 0, 0) is None

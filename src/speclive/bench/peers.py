@@ -205,6 +205,21 @@ def vllm_python(root: Path | None = None) -> Path | None:
     return None
 
 
+def vllm_forwards(tokens: int, num_drafts: float | None, num_accepted: float | None) -> int | None:
+    """Target forwards (prefill included) of one vLLM request from its speculative counters.
+
+    Every engine step is one target forward committing its accepted draft tokens + 1, so
+    ``tokens - accepted`` forwards; but vLLM counts accepted tokens cut off by ``max_tokens``
+    too, so at least ``num_drafts`` verification steps + the prefill ran.
+    """
+    if tokens <= 0:
+        return None
+    est = tokens - int(num_accepted or 0)
+    if num_drafts:
+        est = max(est, int(num_drafts) + 1)
+    return max(1, est)
+
+
 class VllmPeer:
     """One vLLM speculative method over a whole prompt list, in a subprocess (batch interface)."""
 
@@ -313,8 +328,7 @@ class VllmPeer:
         for r in data["results"]:
             ids, why = strip_eos(r["token_ids"], set(self.eos), max_tokens)
             extra = {k: r[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens") if k in r}
-            # one engine step = one target forward committing accepted + 1 tokens
-            forwards = max(1, len(ids) - int(r.get("num_accepted_tokens", 0))) if ids else None
+            forwards = vllm_forwards(len(ids), r.get("num_drafts"), r.get("num_accepted_tokens"))
             outs[r["id"]] = PeerOutput(ids, float(r["wall_s"]), forwards, why, extra)
         facts = {k: v for k, v in data.items() if k != "results"}
         facts["subprocess_s"] = elapsed
