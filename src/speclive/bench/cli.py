@@ -89,6 +89,11 @@ def add_bench_parser(subparsers: Any) -> None:
     d.add_argument("--no-plot", action="store_true")
     d.add_argument("--no-progress", action="store_true")
     d.add_argument("--vllm-k", type=int, default=None, help="num_speculative_tokens of the vLLM methods")
+    d.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="vLLM without torch.compile (quick checks; the default runs vLLM as shipped)",
+    )
     d.set_defaults(func=cmd_decode)
 
     a = sub.add_parser("all-small", help="quick preset: SmolLM2 on llama.cpp, 2 prompts per set, 32 tokens")
@@ -248,8 +253,8 @@ def decode_command(args: argparse.Namespace) -> str:
         parts += ["--near-tie", str(args.near_tie)]
     if args.vllm_k is not None:
         parts += ["--vllm-k", str(args.vllm_k)]
-    for flag in ("no_gap_check", "no_warmup"):
-        if getattr(args, flag):
+    for flag in ("no_gap_check", "no_warmup", "vllm_eager"):
+        if getattr(args, flag, False):
             parts.append("--" + flag.replace("_", "-"))
     return command_line(parts)
 
@@ -283,6 +288,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         plot=not args.no_plot,
         vllm_k=args.vllm_k,
+        vllm_eager=getattr(args, "vllm_eager", False),
         command=decode_command(args),
     )
     try:
@@ -318,6 +324,7 @@ def cmd_all_small(args: argparse.Namespace) -> int:
         no_plot=False,
         no_progress=False,
         vllm_k=None,
+        vllm_eager=False,
     )
     return cmd_decode(ns)
 

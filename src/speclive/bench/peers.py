@@ -186,7 +186,15 @@ VLLM_METHODS: dict[str, str] = {
 
 
 def vllm_python(root: Path | None = None) -> Path | None:
-    """The interpreter of the vLLM venv ``.venv-vllm`` (repository root or cwd), if it exists."""
+    """The interpreter of the vLLM venv, if it exists.
+
+    ``$VLLM_VENV`` (the variable ``benchmarks/setup_vllm.sh`` installs into) wins; otherwise
+    ``.venv-vllm`` under ``root``, the working directory or this checkout's root.
+    """
+    env = os.environ.get("VLLM_VENV")
+    if env:
+        py = Path(env).expanduser() / "bin" / "python"
+        return py if py.is_file() else None
     here = Path(__file__).resolve()
     candidates = [root] if root else []
     candidates += [Path.cwd(), here.parents[3]]
@@ -195,6 +203,21 @@ def vllm_python(root: Path | None = None) -> Path | None:
         if py.is_file():
             return py
     return None
+
+
+def vllm_forwards(tokens: int, num_drafts: float | None, num_accepted: float | None) -> int | None:
+    """Target forwards (prefill included) of one vLLM request from its speculative counters.
+
+    Every engine step is one target forward committing its accepted draft tokens + 1, so
+    ``tokens - accepted`` forwards; but vLLM counts accepted tokens cut off by ``max_tokens``
+    too, so at least ``num_drafts`` verification steps + the prefill ran.
+    """
+    if tokens <= 0:
+        return None
+    est = tokens - int(num_accepted or 0)
+    if num_drafts:
+        est = max(est, int(num_drafts) + 1)
+    return max(1, est)
 
 
 class VllmPeer:
@@ -211,6 +234,7 @@ class VllmPeer:
         eos_ids: Collection[int] = (),
         timeout_s: float = 3600.0,
         num_speculative_tokens: int | None = None,
+        enforce_eager: bool = False,
     ):
         if name not in VLLM_METHODS:
             raise ValueError(f"unknown vLLM method {name!r}; known: {', '.join(VLLM_METHODS)}")
@@ -221,6 +245,33 @@ class VllmPeer:
         self.eos = sorted(int(t) for t in eos_ids)
         self.timeout_s = timeout_s
         self.k = num_speculative_tokens
+        self.enforce_eager = enforce_eager
+
+    def command(self, prompts_json: Path, out_json: Path, max_tokens: int) -> list[str]:
+        """The ``vllm_peer.py`` command line of this method."""
+        cmd = [
+            str(self.python),
+            str(Path(__file__).with_name("vllm_peer.py")),
+            "--model",
+            str(self.model_dir),
+            "--method",
+            VLLM_METHODS[self.name],
+            "--prompts-json",
+            str(prompts_json),
+            "--max-tokens",
+            str(max_tokens),
+            "--out",
+            str(out_json),
+            "--stop-ids",
+            ",".join(map(str, self.eos)),
+        ]
+        if self.draft_dir is not None:
+            cmd += ["--draft", str(self.draft_dir)]
+        if self.k:
+            cmd += ["--num-speculative-tokens", str(self.k)]
+        if self.enforce_eager:
+            cmd.append("--enforce-eager")
+        return cmd
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -235,34 +286,29 @@ class VllmPeer:
         return env
 
     def run_all(
-        self, prompts: Sequence[tuple[str, Sequence[int]]], max_tokens: int, log: Any = None
+        self,
+        prompts: Sequence[tuple[str, Sequence[int]]],
+        max_tokens: int,
+        log: Any = None,
+        warmup: Sequence[Sequence[int]] = (),
+        warmup_tokens: int = 16,
     ) -> tuple[dict[str, PeerOutput], dict[str, Any]]:
-        """Generate for every ``(key, prompt_ids)``; returns outputs by key and run facts."""
-        script = Path(__file__).with_name("vllm_peer.py")
+        """Generate for every ``(key, prompt_ids)``; returns outputs by key and run facts.
+
+        ``warmup`` prompts run first (``warmup_tokens`` each, not reported). They should not be
+        benchmark prompts: vLLM's prefix cache, and the suffix method's cache of earlier outputs,
+        would make the measured run of the same prompt a replay.
+        """
+        items: list[dict[str, Any]] = [
+            {"id": f"warmup\t{i}", "prompt_ids": list(map(int, ids)), "max_tokens": warmup_tokens}
+            for i, ids in enumerate(warmup)
+        ]
+        items += [{"id": k, "prompt_ids": list(map(int, ids))} for k, ids in prompts]
         with tempfile.TemporaryDirectory(prefix="speclive-vllm-") as tmp:
             pj = Path(tmp) / "prompts.json"
-            pj.write_text(json.dumps([{"id": k, "prompt_ids": list(map(int, ids))} for k, ids in prompts]))
+            pj.write_text(json.dumps(items))
             outj = Path(tmp) / "out.json"
-            cmd = [
-                str(self.python),
-                str(script),
-                "--model",
-                str(self.model_dir),
-                "--method",
-                VLLM_METHODS[self.name],
-                "--prompts-json",
-                str(pj),
-                "--max-tokens",
-                str(max_tokens),
-                "--out",
-                str(outj),
-                "--stop-ids",
-                ",".join(map(str, self.eos)),
-            ]
-            if self.draft_dir is not None:
-                cmd += ["--draft", str(self.draft_dir)]
-            if self.k:
-                cmd += ["--num-speculative-tokens", str(self.k)]
+            cmd = self.command(pj, outj, max_tokens)
             t0 = time.perf_counter()
             proc = subprocess.run(
                 cmd,
@@ -282,8 +328,7 @@ class VllmPeer:
         for r in data["results"]:
             ids, why = strip_eos(r["token_ids"], set(self.eos), max_tokens)
             extra = {k: r[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens") if k in r}
-            # one engine step = one target forward committing accepted + 1 tokens
-            forwards = max(1, len(ids) - int(r.get("num_accepted_tokens", 0))) if ids else None
+            forwards = vllm_forwards(len(ids), r.get("num_drafts"), r.get("num_accepted_tokens"))
             outs[r["id"]] = PeerOutput(ids, float(r["wall_s"]), forwards, why, extra)
         facts = {k: v for k, v in data.items() if k != "results"}
         facts["subprocess_s"] = elapsed

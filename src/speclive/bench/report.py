@@ -233,6 +233,35 @@ def _identical_cell(row: Mapping[str, Any]) -> str:
     return f"{row['identical']}/{row['compared']}"
 
 
+def peer_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line: our fastest method's e2e tok/s over each peer's, within one set of one run.
+
+    Peers of every backend count (llama-cpp-python, transformers, vLLM): the rows of one run saw
+    the same prompts, so single-stream throughputs compare directly across engines.
+    """
+    from speclive.bench.suites import OUR_METHODS, TALON_METHODS
+
+    ours_names = set(OUR_METHODS) | set(TALON_METHODS)
+    ours = [r for r in rows if r["method"] in ours_names and r.get("e2e_tps")]
+    peers = [r for r in rows if r["method"] not in ours_names and r.get("e2e_tps")]
+    if not ours or not peers:
+        return ""
+    best = max(ours, key=lambda r: r["e2e_tps"])
+
+    def name(r: Mapping[str, Any]) -> str:
+        return f"`{r['method']}` [{r['backend']}]"
+
+    parts = []
+    for r in sorted(peers, key=lambda r: -r["e2e_tps"]):
+        note = f", {r['prompts']} of {best['prompts']} prompts" if r["prompts"] != best["prompts"] else ""
+        parts.append(f"{name(r)} {r['e2e_tps']:.2f} ({best['e2e_tps'] / r['e2e_tps']:.2f}×{note})")
+    return (
+        f"Single-stream e2e tok/s, our fastest {name(best)} {best['e2e_tps']:.2f} over each peer: "
+        + "; ".join(parts)
+        + "."
+    )
+
+
 def decode_markdown(result: Mapping[str, Any]) -> str:
     """The Markdown report of a decode benchmark (header, command, one table per set)."""
     header = result["header"]
@@ -266,6 +295,9 @@ def decode_markdown(result: Mapping[str, Any]) -> str:
         for r in rows:
             r["identical"] = _identical_cell(r)
         lines += [f"## {name}", "", md_table(SUMMARY_COLUMNS, rows), ""]
+        versus = peer_comparison(rows)
+        if versus:
+            lines += [versus, ""]
     bugs = result.get("bugs", [])
     if bugs:
         lines += ["## BUGS: divergences from AR at a clear logit gap", ""]

@@ -402,6 +402,8 @@ class DecodeOptions:
     plot: bool = True
     vllm_timeout_s: float = 3600.0
     vllm_k: int | None = None
+    #: vLLM without torch.compile (fast start-up for checks; slower decoding than vLLM as shipped)
+    vllm_eager: bool = False
     command: str = ""
     #: global suffix datastore of the suffix/hybrid drafters
     datastore: str | None = None
@@ -534,6 +536,7 @@ def _build_methods(
                     eos,
                     timeout_s=opts.vllm_timeout_s,
                     num_speculative_tokens=opts.vllm_k,
+                    enforce_eager=opts.vllm_eager,
                 )
                 methods.append(Method(m, "vllm", "vllm", peer, {"draft": drafts.get(m)}))
     models["drafts"] = {m.key: m.info["draft"] for m in methods if m.info.get("draft")}
@@ -783,14 +786,19 @@ def _run_vllm(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     backend0 = next(iter(targets))
     items = [(f"{s}\t{r['id']}", r["ids"][backend0]) for s, rows in prompts.items() for r in rows]
-    items = [(f"warmup\t{i}", ids) for i, (_, ids) in enumerate(items[:1])] + items
+    # the warm-up prompt of the other methods, not a benchmark prompt (see VllmPeer.run_all)
+    warm = []
+    if opts.warmup:
+        warm.append(targets[backend0].tokenizer.chat([{"role": "user", "content": WARMUP_PROMPT}]))
     meta = {f"{s}\t{r['id']}": (s, r) for s, rows in prompts.items() for r in rows}
     records: list[dict[str, Any]] = []
     facts: dict[str, Any] = {}
     for m in methods:
         log(f"running {m.name} (vLLM subprocess; engine start takes minutes) ...")
         try:
-            outs, facts[m.name] = m.runner.run_all(items, opts.max_tokens, log)
+            outs, facts[m.name] = m.runner.run_all(
+                items, opts.max_tokens, log, warmup=warm, warmup_tokens=min(16, opts.max_tokens)
+            )
         except Exception as e:  # noqa: BLE001
             facts[m.name] = {"error": f"{type(e).__name__}: {e}"}
             log(f"warning: {m.name} failed: {facts[m.name]['error'][-800:]}")

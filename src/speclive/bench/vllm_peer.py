@@ -6,11 +6,14 @@ so it lives in ``.venv-vllm``, see ``benchmarks/setup_vllm.sh``). Usage::
     .venv-vllm/bin/python src/speclive/bench/vllm_peer.py --model HF_DIR \
         --method none|ngram|suffix|draft [--draft HF_DIR] --prompts-json FILE --max-tokens N
 
-``FILE`` holds ``[{"id": str, "prompt_ids": [int, ...]}, ...]``. Every prompt is generated
-greedily as a single request (one at a time: latency, like the other methods), timed from
-submission to completion. The result, ``{"results": [{"id", "token_ids", "wall_s", ...}],
-"startup_s", ...}``, goes to ``--out`` or stdout. The first prompt whose id starts with
-``warmup`` is run but not reported.
+``FILE`` holds ``[{"id": str, "prompt_ids": [int, ...], "max_tokens": int (optional)}, ...]``.
+Every prompt is generated greedily as a single request (one at a time: latency, like the other
+methods), timed from submission to completion. The result, ``{"results": [{"id", "token_ids",
+"wall_s", ...}], "startup_s", ...}``, goes to ``--out`` or stdout. Prompts whose id starts with
+``warmup`` are run but not reported.
+
+The engine runs as vLLM ships it (torch.compile on, minutes of start-up on a small CPU);
+``--enforce-eager`` skips the compilation for quick checks (and slower decoding).
 
 Environment that works on a 2-core AVX2 machine (set by ``speclive.bench.peers.VllmPeer``):
 ``HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1
@@ -23,7 +26,14 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+# Run as a script, Python puts this folder first on sys.path, where our ``datasets.py`` would
+# shadow Hugging Face ``datasets`` (and ``report.py`` etc. other top-level names) for vLLM and
+# transformers. Drop it before anything imports them (the engine's spawned workers inherit it).
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [x for x in sys.path if str(Path(x or ".").resolve()) != _HERE]
 
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -79,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop-ids", default="", help="comma-separated end-of-sequence token ids")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--no-enforce-eager", action="store_true", help="allow torch.compile (slow start-up)")
+    p.add_argument(
+        "--enforce-eager", action="store_true", help="no torch.compile: fast start-up, slower decoding"
+    )
     p.add_argument("--out", default=None, help="write the JSON here instead of stdout")
     args = p.parse_args(argv)
 
@@ -92,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "dtype": args.dtype,
         "max_model_len": args.max_model_len,
-        "enforce_eager": not args.no_enforce_eager,
+        "enforce_eager": bool(args.enforce_eager),
         "disable_log_stats": False,
         "seed": 0,
     }
@@ -102,15 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(**kwargs)
     startup = time.perf_counter() - t0
     stop_ids = [int(x) for x in args.stop_ids.split(",") if x.strip()]
-    params = SamplingParams(
-        temperature=0.0, max_tokens=args.max_tokens, stop_token_ids=stop_ids or None, detokenize=False
-    )
+
+    def params(max_tokens: int) -> Any:
+        return SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, stop_token_ids=stop_ids or None, detokenize=False
+        )
 
     results = []
     for item in prompts:
+        sp = params(int(item.get("max_tokens") or args.max_tokens))
         before = spec_counters(llm)
         t1 = time.perf_counter()
-        out = llm.generate([{"prompt_token_ids": list(item["prompt_ids"])}], params, use_tqdm=False)
+        out = llm.generate([{"prompt_token_ids": list(item["prompt_ids"])}], sp, use_tqdm=False)
         wall = time.perf_counter() - t1
         after = spec_counters(llm)
         if str(item["id"]).startswith("warmup"):
