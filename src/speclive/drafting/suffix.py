@@ -82,10 +82,11 @@ class SuffixConfig:
     probe_nodes: int = 1
     #: fuse the latest longest request match's continuation in as a chain (module docstring)
     copy_chain: bool = True
-    #: longest copied chain (the count trees stop at ``depth``): on a CPU where t(32)/t(1) is
-    #: ~13 a 31-token copy accepted whole yields 2.4 tokens per step-cost against 2.2 for 15
-    #: tokens, and the cost-aware selection only keeps the depth its bucket's α pays for
-    chain_depth: int = 32
+    #: longest copied chain. 32 was tried (t(32)/t(1) ≈ 13 here: a 31-token copy accepted whole
+    #: gives 2.4 tokens per step-cost against 2.2 for 15) and lost: a bucket's α learned on code
+    #: (≈ 0.97) sends 31-token chains on chat that fail after a few tokens, 13 steps of cost each
+    #: (talon-qwen1.5b-llamacpp-final2: chat 0.98×, one such chain cost a prompt 10 %)
+    chain_depth: int = 16
     #: probes are not verified but compared with the tokens the target commits anyway (a
     #: "free probe", module docstring): same calibration and back-off, no verification cost
     free_probes: bool = True
