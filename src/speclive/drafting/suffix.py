@@ -264,9 +264,10 @@ class SuffixDrafter(Drafter):
         chains = {name: [pos[c] for c in idx if c in pos] for name, idx in cand.chains.items()}
         self._chains = {name: idx for name, idx in chains.items() if idx}
         tree = cand.tree(nodes)
-        if probe and self.cfg.free_probes:
+        if probe and self.cfg.free_probes and not keep:
             # the probe's outcome is fixed by the tokens the target commits without it:
             # learn from those (``_resolve_free_probe``) instead of paying for a verification
+            # (not when a draft model's chain was paid for this step: that one is verified)
             self._free = (self._ctx_len, tree, self._last, self._chains, self._probing)
             self._last, self._chains, self._probing = [], {}, False
             return DraftTree()
