@@ -3,6 +3,8 @@
 - the copied chain (latest longest request match, scored α_b^(d+1)) keeps long exact copies
   long once they keep being accepted, where count-based path probabilities decay with depth;
 - a chain that keeps failing is switched off and probed with exponential back-off;
+- probes are free: their outcome is read off the tokens the target commits anyway, with the
+  same back-off and calibration as a verified probe;
 - the calibrator pools a store's buckets (a new bucket borrows its store's ratio);
 - a draft model that cannot pay even at near-perfect acceptance is not probed (a probe would
   re-sync its cache), in the model drafter and in the hybrid.
@@ -52,12 +54,15 @@ def _accepted_path(tree: DraftTree, truth: list[int]) -> list[int]:
     return path
 
 
-def _trained(copy_chain: bool, truth_ok: bool, rounds: int = 30) -> tuple[SuffixDrafter, list[int]]:
+def _trained(
+    copy_chain: bool, truth_ok: bool, rounds: int = 30, free_probes: bool = False
+) -> tuple[SuffixDrafter, list[int]]:
     """A suffix drafter after ``rounds`` verifications of the same 20-token copy situation."""
     passage = list(range(100, 160))
     ctx = [7, 8, *passage, 9, *passage[:20]]
     truth = passage[20:] if truth_ok else [1] * 40
-    d = SuffixDrafter(None, SuffixConfig(depth=16, copy_chain=copy_chain))
+    # the context does not grow here, so free probes (resolved by committed tokens) never would
+    d = SuffixDrafter(None, SuffixConfig(depth=16, copy_chain=copy_chain, free_probes=free_probes))
     d.bind(CurveTarget())  # type: ignore[arg-type]
     d.begin(ctx)
     drafted = 0
@@ -86,6 +91,56 @@ def test_failing_copy_chain_backs_off():
     # a probe after 8, 16, 32, 64, 128 idle steps (plus the generic retrieval probes)
     assert 1 <= d.drafted_steps <= 12, d.drafted_steps  # type: ignore[attr-defined]
     assert all(c.alpha < 0.45 for b, c in d.chain_ctl.items() if b == 16)
+
+
+def _scripted(free: bool, fail_steps: int, copy_steps: int = 0):
+    """Oracle decoding against a scripted stream: ``fail_steps`` rounds of ``1 2 <fresh>``
+    (every 2-gram match continues differently: retrieval always wrong), then a long passage
+    that already occurs in the prompt (retrieval right). Yields (drafter, tree, accepted)."""
+    passage = list(range(500, 600))
+    stream = [t for i in range(fail_steps) for t in (1, 2, 100 + i)] + passage + [3] * 64
+    d = SuffixDrafter(None, SuffixConfig(depth=16, free_probes=free))
+    d.bind(CurveTarget())  # type: ignore[arg-type]
+    ctx = [7, 8, *passage, 9]
+    d.begin(ctx)
+    pos = 0
+    while pos < 3 * fail_steps + copy_steps:
+        tree = d.propose(ctx, 64)
+        path = _accepted_path(tree, stream[pos : pos + 40])
+        new = [tree.tokens[i] for i in path] + [stream[pos + len(path)]]
+        if len(tree):
+            d.feedback(tree, path, new[-1])
+        ctx += new
+        pos += len(new)
+        # a free probe is resolved by the next ``propose``; resolving it here, where a paid
+        # probe's ``feedback`` ran, lets the test compare both drafters' states step by step
+        d._resolve_free_probe(ctx)
+        yield d, tree, len(path)
+
+
+def _state(d: SuffixDrafter) -> tuple:
+    chains = tuple((b, round(c.alpha, 9), c.off, c._backoff) for b, c in sorted(d.chain_ctl.items()))
+    return d._backoff, d._off, chains, tuple(sorted(d.calib.snapshot().items()))
+
+
+def test_free_probes_learn_what_paid_probes_learn_at_no_cost():
+    paid_nodes = free_nodes = 0
+    for (dp, tp, ap), (df, tf, af) in zip(_scripted(False, 150), _scripted(True, 150), strict=True):
+        assert ap == 0 and af == 0  # retrieval is always wrong here: probes all fail...
+        paid_nodes += len(tp)
+        free_nodes += len(tf)
+        assert _state(dp) == _state(df)  # ...and both drafters learn exactly the same from them
+    assert paid_nodes > 0 and free_nodes == 0
+    assert df.free_probe_stats["probes"] > 0
+
+
+def test_free_probe_switches_a_copy_back_on():
+    steps = list(_scripted(True, 120, copy_steps=80))
+    assert sum(len(t) for _, t, _ in steps[:120]) == 0  # nothing verified while nothing pays
+    d = steps[-1][0]
+    # once the output copies the prompt, a free probe's hit re-enables the chain: long drafts
+    assert max(len(t) for _, t, _ in steps[120:]) >= 8
+    assert d.free_probe_stats["hits"] > 0
 
 
 def test_calibrator_pools_buckets_of_a_store():

@@ -141,7 +141,7 @@ def _talon_drafter(
     from speclive.drafting.suffix import SuffixConfig, SuffixDrafter, load_datastore
 
     store = load_datastore(datastore, target, datastore_max_mb)
-    scfg = SuffixConfig(depth=max_len or 16)
+    scfg = SuffixConfig(depth=max_len or 16, chain_depth=max_len or 16)
     if name == "suffix":
         return SuffixDrafter(store, scfg)
     from speclive.drafting.hybrid import HybridConfig

@@ -18,6 +18,17 @@ Each step (Algorithm 1, twice):
    per unit of time under the target's measured verification-cost curve; when no tree beats
    plain AR by ``min_gain`` nothing is drafted (with a periodic probe so calibration recovers).
 
+**Free probes.** A probe (a few nodes verified although they are not expected to pay, so that a
+switched-off chain or store can be switched back on) costs a verification pass: on this CPU a
+1-node probe costs 0.6-0.8 of a step, and a drafter that is off on chat probes every 8-256
+steps. But whether a probe would be accepted is already decided by the tokens the target
+commits without it: under greedy acceptance a node is accepted exactly when it equals the
+target's next token, which the plain AR step commits anyway. So probes are not sent; they are
+kept and scored against the committed tokens at the next ``propose`` (``_resolve_free_probe``),
+through the same ``feedback`` as a verified probe (same calibration, same back-off). When
+nothing pays, the drafter therefore verifies nothing at all and runs at AR speed, minus a
+lookup.
+
 Lookups are far cheaper than a target step; ``lookup_stats`` records their time.
 """
 
@@ -71,10 +82,18 @@ class SuffixConfig:
     probe_nodes: int = 1
     #: fuse the latest longest request match's continuation in as a chain (module docstring)
     copy_chain: bool = True
+    #: longest copied chain. 32 was tried (t(32)/t(1) ≈ 13 here: a 31-token copy accepted whole
+    #: gives 2.4 tokens per step-cost against 2.2 for 15) and lost: a bucket's α learned on code
+    #: (≈ 0.97) sends 31-token chains on chat that fail after a few tokens, 13 steps of cost each
+    #: (talon-qwen1.5b-llamacpp-final2: chat 0.98×, one such chain cost a prompt 10 %)
+    chain_depth: int = 16
+    #: probes are not verified but compared with the tokens the target commits anyway (a
+    #: "free probe", module docstring): same calibration and back-off, no verification cost
+    free_probes: bool = True
 
     def validate(self) -> None:
-        if self.depth < 1 or self.max_nodes < 1 or self.max_match < 1:
-            raise ConfigError("suffix drafter: depth, max_nodes and max_match must be >= 1")
+        if self.depth < 1 or self.max_nodes < 1 or self.max_match < 1 or self.chain_depth < 1:
+            raise ConfigError("suffix drafter: depth, chain_depth, max_nodes and max_match must be >= 1")
         if self.request_min_n < 1 or self.global_min_match < 1:
             raise ConfigError("suffix drafter: minimum match lengths must be >= 1")
         if self.calib_ceil < 1.0:
@@ -120,16 +139,25 @@ class SuffixDrafter(Drafter):
         self._last: list[tuple[str, float]] = []
         # acceptance of the copied chain per match-length bucket (the n-gram drafter's buckets)
         self.chain_ctl = {
-            b: AdaptiveLength(AdaptiveConfig(max_len=self.cfg.depth, prior_alpha=a))
+            b: AdaptiveLength(AdaptiveConfig(max_len=self.cfg.chain_depth, prior_alpha=a))
             for b, a in BUCKET_PRIOR.items()
         }
         # per tracked chain of the last proposal: its node indices in the proposed tree
         self._chains: dict[str, list[int]] = {}
+        # a free probe not resolved yet: (context length when proposed, its tree, the
+        # calibration keys/raw scores and tracked chains ``feedback`` needs, was it a probe of
+        # the whole drafter)
+        self._free: tuple[int, DraftTree, list[tuple[str, float]], dict[str, list[int]], bool] | None
+        self._free = None
+        self._ctx_len = 0
+        #: free probes resolved / with an accepted token, and the verifications they saved
+        self.free_probe_stats = {"probes": 0, "hits": 0, "nodes": 0}
         self.detail = f"datastore={self.store.n if self.store else 0} tokens"
 
     # ---- lifecycle ------------------------------------------------------------------
     def begin(self, context: Sequence[int]) -> None:
         self.request.reset(context)
+        self._free = None
 
     def bind(self, target: Backend) -> None:
         super().bind(target)
@@ -146,17 +174,20 @@ class SuffixDrafter(Drafter):
         """Both stores' pruned retrieval trees, calibrated and fused (no selection yet)."""
         cfg = self.cfg
         t0 = time.perf_counter()
+        self._resolve_free_probe(context)
+        self._ctx_len = len(context)
         self.request.sync(context)
         cand = Candidates()
-        length, conts = self.request.lookup(cfg.depth)
+        chain_depth = cfg.chain_depth if cfg.copy_chain else 0
+        length, conts = self.request.lookup(max(cfg.depth, chain_depth))
         if length >= cfg.request_min_n and len(conts):
-            tree = count_tree(conts)
+            tree = count_tree(conts[:, : cfg.depth])
             key = f"request:{bucket(length)}"
             cand.add_counts(
                 tree, top_nodes(tree, cfg.max_nodes), cfg.prior, self.calib.scale(key), key, "request"
             )
             if cfg.copy_chain:
-                self._add_copy_chain(cand, length, conts[0])  # row 0: the latest occurrence
+                self._add_copy_chain(cand, length, conts[0, :chain_depth])  # row 0: the latest
         if self.store is not None:
             m = self.store.match(context[-cfg.max_match :], cfg.max_match)
             if m.length >= cfg.global_min_match:
@@ -215,12 +246,14 @@ class SuffixDrafter(Drafter):
         nodes, gain = cand.select(
             budget, self._cost, draft_cost, self._max_leaves(), self.cfg.min_gain, force=force
         )
+        probe = bool(nodes) and gain < self.cfg.min_gain  # forced: no expected gain
         if keep and not nodes:
-            nodes = [keep[0]]
+            nodes = [keep[0]]  # already paid for: verified
         elif cand.probe and not nodes:
             nodes, gain = list(cand.probe), self.cfg.min_gain  # the chain's probe: its own back-off
-        # a probe (nodes without expected gain) doubles the back-off unless something of it is
-        # accepted (``feedback``); drafts that were expected to pay leave the back-off alone
+            probe = True
+        # a probe of the drafter (nodes without expected gain) doubles the back-off unless
+        # something of it is accepted (``feedback``); drafts expected to pay leave it alone
         self._probing = bool(nodes) and gain < self.cfg.min_gain
         if nodes:
             self._off = 0
@@ -230,11 +263,52 @@ class SuffixDrafter(Drafter):
         pos = {c: j for j, c in enumerate(nodes)}
         chains = {name: [pos[c] for c in idx if c in pos] for name, idx in cand.chains.items()}
         self._chains = {name: idx for name, idx in chains.items() if idx}
-        return cand.tree(nodes)
+        tree = cand.tree(nodes)
+        if probe and self.cfg.free_probes and not keep:
+            # the probe's outcome is fixed by the tokens the target commits without it:
+            # learn from those (``_resolve_free_probe``) instead of paying for a verification
+            # (not when a draft model's chain was paid for this step: that one is verified)
+            self._free = (self._ctx_len, tree, self._last, self._chains, self._probing)
+            self._last, self._chains, self._probing = [], {}, False
+            return DraftTree()
+        return tree
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         cand = self.retrieve(context)
         return self.choose(cand, budget, self.lookup_cost())
+
+    def _resolve_free_probe(self, context: Sequence[int]) -> None:
+        """Feed a free probe's outcome back once the tokens it covers are committed.
+
+        Under greedy acceptance a probe node would have been accepted exactly when it equals
+        the token the target committed there (the target's argmax, whatever was drafted since);
+        under sampling the committed token is a draw from the target, so it matches with the
+        probability that a deterministic draft of it is accepted.
+        """
+        if self._free is None:
+            return
+        n, tree, last, chains, probing = self._free
+        if len(context) <= n:
+            if len(context) < n:
+                self._free = None  # the context was rewritten
+            return  # nothing committed yet
+        seen = [int(t) for t in context[n : n + tree.max_depth()]]
+        path, node = [], -1
+        for t in seen:
+            node = tree.find_child(node, t)
+            if node < 0:
+                break
+            path.append(node)
+        if node >= 0 and len(seen) < tree.max_depth() and tree.children(node):
+            return  # every token so far matched and the probe goes deeper: wait for more
+        self._free = None
+        saved = self._last, self._chains, self._probing
+        self._last, self._chains, self._probing = last, chains, probing
+        self.feedback(tree, path, seen[len(path)] if len(path) < len(seen) else -1)
+        self._last, self._chains, self._probing = saved
+        self.free_probe_stats["probes"] += 1
+        self.free_probe_stats["hits"] += int(bool(path))
+        self.free_probe_stats["nodes"] += len(tree)
 
     def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
         chains, self._chains = self._chains, {}
