@@ -107,11 +107,14 @@ def test_greedy_reproduces_the_cascade_exactly(hf_smol):
         accepted += sum(u.accepted for u in s.updates)
     # earlier candidates were drafted and (SmolLM2 changes its mind a lot) some were reused
     assert drafted > 0 and accepted > 0
+    # the paper's one-pass verification of the first sentence gives the same answer too
+    one_pass, _, _ = _answer(hf_smol, PROMPTS[0], verifier="greedy", first_pass="sentence")
+    assert one_pass.token_ids == _answer(hf_smol, PROMPTS[0], baseline=True)[0].token_ids
 
 
 def test_presynthesized_audio_is_used_when_the_first_sentence_survives(hf_smol, piper):
     prompt = PROMPTS[1]
-    s = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False)
+    s = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False, first_pass="sentence")
     u = s.update(prompt)  # the user's last words were already heard
     assert u.resynthesized and u.tts_s > 0 and s.presynth is not None
     resp = s.finish(prompt)
@@ -120,6 +123,15 @@ def test_presynthesized_audio_is_used_when_the_first_sentence_survives(hf_smol, 
     assert resp.audio_latency_s == pytest.approx(resp.ttfs_s)
     assert resp.first_audio is not None and resp.first_audio.duration_s > 0.3
     s.close()
+
+    # verified in cost-curve-sized chunks, the surviving sentence still plays at once
+    c = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False, first_pass="chunks")
+    c.update(prompt)
+    rc = c.finish(prompt)
+    assert rc.presynth_used and rc.token_ids == resp.token_ids and rc.nfetfs >= 1
+    c.close()
+    with pytest.raises(ConfigError, match="first_pass"):
+        PredictiveResponder(hf_smol, first_pass="half")
 
     base = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False, baseline=True)
     b = base.finish(prompt)

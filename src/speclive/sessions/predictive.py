@@ -45,6 +45,7 @@ REFLECTION_PROMPT = (
     "Partial Answer: {answer}"
 )
 VERIFIERS = ("greedy", "topk:K", "reflection")
+FIRST_PASS = ("auto", "sentence", "chunks")
 
 
 @dataclass
@@ -59,6 +60,12 @@ class PredGenConfig:
     baseline: bool = False
     #: synthesize the sentences after the first too (a real voice chat does; benchmarks may not)
     speak_rest: bool = True
+    #: how the candidate's first sentence is verified: "sentence" = all of it in one pass (the
+    #: paper), "chunks" = cost-curve-sized chunks, "auto" = chunks for greedy, one pass for
+    #: top-k and reflection (whose candidates are nearly always accepted whole). On a CPU a
+    #: k-token pass costs ~0.5k steps, so a long sentence rejected at its fifth token wastes
+    #: most of a one-pass verification; chunks stop paying at the first rejected one.
+    first_pass: str = "auto"
 
 
 @dataclass
@@ -128,8 +135,13 @@ class PredictiveResponder:
             cfg = PredGenConfig(**{**cfg.__dict__, **overrides})
         if cfg.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {cfg.max_tokens}")
+        if cfg.first_pass not in FIRST_PASS:
+            allowed = ", ".join(FIRST_PASS)
+            raise ConfigError(f"invalid first_pass {cfg.first_pass!r}; allowed values: {allowed}")
         self.cfg = cfg
         self.kind, rule = _parse_verifier(cfg.verifier)
+        auto_one_pass = cfg.first_pass == "auto" and self.kind != "greedy"
+        self.one_pass_first = cfg.first_pass == "sentence" or auto_one_pass
         self.backend = model
         self.tok = model.tokenizer
         self.tts = tts
@@ -194,7 +206,8 @@ class PredictiveResponder:
                     judge_forwards = 1
                     if self._judge(partial, old_text[:end]):
                         forced = first
-            self.drafter.set_history(self.candidate, forced=forced, first_chunk=first)
+            one_pass = first if self.one_pass_first else 0
+            self.drafter.set_history(self.candidate, forced=forced, first_chunk=one_pass)
         gen = GenerationConfig(max_tokens=self.cfg.max_tokens, max_draft_nodes=512)
         out: list[int] = list(prefix)
         first_end, first_at, first_fw, extra = -1, None, 0, 0
