@@ -134,7 +134,7 @@ def add_bench_parser(subparsers: Any) -> None:
         "--methods",
         type=_csv,
         default=["baseline", "greedy", "topk:3", "reflection"],
-        help="baseline and verifiers (greedy, topk:K, reflection), each optionally @auto|@sentence|@chunks "
+        help="baseline and verifiers (greedy, topk:K, reflection), each optionally @sentence|@chunks "
         "(how the first sentence is verified)",
     )
     g.add_argument("--turns", type=_ints, default=[1, 2])

@@ -156,7 +156,7 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
                     speak_rest=False,
                     baseline=method == "baseline",
                     verifier="greedy" if method == "baseline" else verifier,
-                    first_pass=first_pass or "auto",
+                    first_pass=first_pass or "sentence",
                 )
                 try:
                     resp, tl = simulate_user(s, question["prompt"], opts.cpm)

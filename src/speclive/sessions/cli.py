@@ -107,10 +107,10 @@ def add_predgen_parser(subparsers: Any) -> None:
     p.add_argument("--verifier", default="greedy", help="greedy | topk:K | reflection")
     p.add_argument(
         "--first-pass",
-        default="auto",
-        choices=["auto", "sentence", "chunks"],
-        help="verify the candidate's first sentence in one pass (sentence, the paper), in "
-        "cost-curve-sized chunks (chunks), or chunks for greedy only (auto)",
+        default="sentence",
+        choices=["sentence", "chunks"],
+        help="verify the candidate's first sentence in one pass (sentence, the paper) or in "
+        "cost-curve-sized chunks (chunks)",
     )
     p.add_argument("--cpm", type=float, default=600.0, help="user speaking rate, characters per minute")
     p.add_argument("--no-tts", action="store_true", help="text only (no Piper voice)")
