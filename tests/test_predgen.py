@@ -107,6 +107,9 @@ def test_greedy_reproduces_the_cascade_exactly(hf_smol):
         accepted += sum(u.accepted for u in s.updates)
     # earlier candidates were drafted and (SmolLM2 changes its mind a lot) some were reused
     assert drafted > 0 and accepted > 0
+    # verifying the first sentence in chunks gives the same answer too
+    chunked, _, _ = _answer(hf_smol, PROMPTS[0], verifier="greedy", first_pass="chunks")
+    assert chunked.token_ids == _answer(hf_smol, PROMPTS[0], baseline=True)[0].token_ids
 
 
 def test_presynthesized_audio_is_used_when_the_first_sentence_survives(hf_smol, piper):
@@ -120,6 +123,15 @@ def test_presynthesized_audio_is_used_when_the_first_sentence_survives(hf_smol, 
     assert resp.audio_latency_s == pytest.approx(resp.ttfs_s)
     assert resp.first_audio is not None and resp.first_audio.duration_s > 0.3
     s.close()
+
+    # verified in cost-curve-sized chunks, the surviving sentence still plays at once
+    c = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False, first_pass="chunks")
+    c.update(prompt)
+    rc = c.finish(prompt)
+    assert rc.presynth_used and rc.token_ids == resp.token_ids and rc.nfetfs >= 1
+    c.close()
+    with pytest.raises(ConfigError, match="first_pass"):
+        PredictiveResponder(hf_smol, first_pass="half")
 
     base = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False, baseline=True)
     b = base.finish(prompt)

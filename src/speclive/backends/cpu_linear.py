@@ -73,7 +73,7 @@ def calibrate(weight: Any, repeats: int = 5) -> dict[int, bool]:
 def _plan_key(weight: Any) -> str:
     import torch
 
-    from speclive.bench.report import cpu_model
+    from speclive.sysinfo import cpu_model
 
     cpu = cpu_model()
     shape = "x".join(str(d) for d in weight.shape)

@@ -135,7 +135,13 @@ def add_bench_parser(subparsers: Any) -> None:
     g = sub.add_parser("predgen", help="PredGen voice chat on MT-Bench: cascade vs verifiers (Table 1)")
     g.add_argument("--model", default=DEFAULT_MODEL)
     g.add_argument("--backend", default="llamacpp", choices=BACKENDS)
-    g.add_argument("--methods", type=_csv, default=["baseline", "greedy", "topk:3", "reflection"])
+    g.add_argument(
+        "--methods",
+        type=_csv,
+        default=["baseline", "greedy", "topk:3", "reflection"],
+        help="baseline and verifiers (greedy, topk:K, reflection), each optionally @sentence|@chunks "
+        "(how the first sentence is verified)",
+    )
     g.add_argument("--turns", type=_ints, default=[1, 2])
     g.add_argument("--limit", type=int, default=20, help="MT-Bench questions (spread over the 80)")
     g.add_argument("--cpm", type=float, default=600.0, help="user speaking rate, characters per minute")
@@ -385,13 +391,18 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
 def cmd_predgen(args: argparse.Namespace) -> int:
     from speclive.bench.predgen import PredGenBenchOptions, markdown, run_predgen_bench, write_outputs
     from speclive.errors import ConfigError
-    from speclive.sessions.predictive import _parse_verifier
+    from speclive.sessions.predictive import FIRST_PASS, _parse_verifier
 
     if "baseline" not in args.methods:
         raise ConfigError("--methods must include baseline (speedups and turn-2 history come from it)")
     for m in args.methods:
         if m != "baseline":
-            _parse_verifier(m)
+            verifier, _, first_pass = m.partition("@")
+            _parse_verifier(verifier)
+            if first_pass and first_pass not in FIRST_PASS:
+                raise ConfigError(
+                    f"invalid first pass in method {m!r}; allowed after '@': {', '.join(FIRST_PASS)}"
+                )
     tag = f"predgen-{args.tag}" if args.tag else f"predgen-{args.model}-{args.backend}"
     parts = [
         "speclive",

@@ -146,6 +146,8 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
                 if method not in methods:
                     continue
                 bar.set_postfix_str(f"q{question['id']} t{turn} {method}")
+                # "VERIFIER@FIRST_PASS", e.g. greedy@sentence: the paper's one-pass first sentence
+                verifier, _, first_pass = method.partition("@")
                 s = PredictiveResponder(
                     backend,
                     tts=tts,
@@ -153,7 +155,8 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
                     max_tokens=opts.max_tokens,
                     speak_rest=False,
                     baseline=method == "baseline",
-                    verifier="greedy" if method == "baseline" else method,
+                    verifier="greedy" if method == "baseline" else verifier,
+                    first_pass=first_pass or "sentence",
                 )
                 try:
                     resp, tl = simulate_user(s, question["prompt"], opts.cpm)

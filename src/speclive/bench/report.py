@@ -20,22 +20,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from speclive.sysinfo import cpu_model
+
 #: a divergence from AR whose reference top-2 logit gap is below this is a near-tie flip
 NEAR_TIE_GAP = 0.5
 
 
 # ------------------------------------------------------------------------------------ machine
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (or ``platform.processor()``)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _mem_total_gb() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -105,6 +105,13 @@ def add_predgen_parser(subparsers: Any) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
     p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
     p.add_argument("--verifier", default="greedy", help="greedy | topk:K | reflection")
+    p.add_argument(
+        "--first-pass",
+        default="sentence",
+        choices=["sentence", "chunks"],
+        help="verify the candidate's first sentence in one pass (sentence, the paper) or in "
+        "cost-curve-sized chunks (chunks)",
+    )
     p.add_argument("--cpm", type=float, default=600.0, help="user speaking rate, characters per minute")
     p.add_argument("--no-tts", action="store_true", help="text only (no Piper voice)")
     p.add_argument("--voice", default="piper-joe-medium", help="Piper voice: registry name or .onnx path")
@@ -140,7 +147,11 @@ def cmd_predgen(args: argparse.Namespace) -> int:
         tts.synthesize("Ready.")  # warm-up outside the measurement
     backend = load_backend(args.model, args.backend, threads=args.threads)
     cfg = PredGenConfig(
-        verifier=args.verifier, max_tokens=args.max_tokens, lookahead=args.lookahead, baseline=args.baseline
+        verifier=args.verifier,
+        first_pass=args.first_pass,
+        max_tokens=args.max_tokens,
+        lookahead=args.lookahead,
+        baseline=args.baseline,
     )
     session = PredictiveResponder(backend, cfg, tts=tts)
     try:
