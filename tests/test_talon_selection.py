@@ -45,13 +45,7 @@ class CurveTarget:
 
 
 def _accepted_path(tree: DraftTree, truth: list[int]) -> list[int]:
-    path, node = [], -1
-    for t in truth:
-        node = tree.find_child(node, t)
-        if node < 0:
-            break
-        path.append(node)
-    return path
+    return tree.follow(truth)
 
 
 def _trained(

@@ -293,13 +293,8 @@ class SuffixDrafter(Drafter):
                 self._free = None  # the context was rewritten
             return  # nothing committed yet
         seen = [int(t) for t in context[n : n + tree.max_depth()]]
-        path, node = [], -1
-        for t in seen:
-            node = tree.find_child(node, t)
-            if node < 0:
-                break
-            path.append(node)
-        if node >= 0 and len(seen) < tree.max_depth() and tree.children(node):
+        path = tree.follow(seen)
+        if len(path) == len(seen) and len(seen) < tree.max_depth() and tree.children(path[-1]):
             return  # every token so far matched and the probe goes deeper: wait for more
         self._free = None
         saved = self._last, self._chains, self._probing

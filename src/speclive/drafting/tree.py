@@ -86,6 +86,16 @@ class DraftTree:
                 return i
         return -1
 
+    def follow(self, tokens: Sequence[int]) -> list[int]:
+        """Nodes of the longest root path spelling a prefix of ``tokens``."""
+        path, node = [], -1
+        for t in tokens:
+            node = self.find_child(node, int(t))
+            if node < 0:
+                break
+            path.append(node)
+        return path
+
     def depths(self) -> list[int]:
         """Depth of each node; children of the root have depth 0."""
         d: list[int] = []
