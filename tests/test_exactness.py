@@ -97,13 +97,15 @@ def _drafters(backend, continuation):
     return {
         "ngram": NgramDrafter(),
         # SmolLM2 drafting for itself costs a full target step per token, so the default
-        # gate (min_gain 1.03) rightly never drafts; no bar keeps the adaptive length and
-        # confidence truncation under this identity test
+        # gate (min_gain 1.03) rightly never drafts (nor probes); no bar keeps the adaptive
+        # length, confidence truncation and re-tokenization under this identity test
         "model-adaptive": ModelDrafter(
             backend, threshold=0.4, adaptive=AdaptiveConfig(max_len=24, prior_alpha=0.7, min_gain=0.0)
         ),
         "model-fixed4": ModelDrafter(backend, fixed_len=4),
-        "crossvocab": CrossVocabDrafter(backend),
+        "crossvocab": CrossVocabDrafter(
+            backend, adaptive=AdaptiveConfig(max_len=16, prior_alpha=0.6, min_gain=0.0)
+        ),
         "noisy-tree": NoisyTreeDrafter(continuation, backend.vocab_size),
     }
 
