@@ -92,12 +92,29 @@ class AdaptiveLength:
     def expected_speedup(self, k: int, alpha: float | None = None, extra: float = 0.0) -> float:
         """Expected speedup of a ``k``-token draft at acceptance ``alpha`` (default: the
         estimate), with ``extra`` one-off cost (target-step units) charged to this step."""
+        return self._expected_tokens(k, alpha)[k - 1] / (self._model_cost(k) * self.cost_scale + extra)
+
+    def _expected_tokens(self, k_max: int, alpha: float | None = None) -> list[float]:
+        """E[tokens | k] for k = 1..``k_max``: from the learned survival curve (survival mode,
+        ``alpha`` None), else geometric at ``alpha`` (default: the estimate)."""
         if alpha is None and self.cfg.survival:
-            tokens = 1.0 + sum(self.survival_curve()[:k])
-        else:
-            a = min(max(self.alpha if alpha is None else alpha, 0.0), 0.999)
-            tokens = (1 - a ** (k + 1)) / (1 - a)
-        return tokens / (self._model_cost(k) * self.cost_scale + extra)
+            out, total = [], 1.0
+            for s in self.survival_curve()[:k_max]:
+                total += s
+                out.append(total)
+            return out
+        a = min(max(self.alpha if alpha is None else alpha, 0.0), 0.999)
+        return [(1 - a ** (k + 1)) / (1 - a) for k in range(1, k_max + 1)]
+
+    def _best(self, alpha: float | None = None, extra: float = 0.0) -> tuple[int, float]:
+        """(k, expected speedup) of the best length in 1..max_len."""
+        scale = self.cost_scale
+        speedups = [
+            tokens / (self._model_cost(k) * scale + extra)
+            for k, tokens in enumerate(self._expected_tokens(self.cfg.max_len, alpha), start=1)
+        ]
+        best = max(range(len(speedups)), key=speedups.__getitem__)  # the shortest among ties
+        return best + 1, speedups[best]
 
     def survival_curve(self) -> list[float]:
         """Estimated S(1..max_len): the probability that draft depth j is accepted."""
@@ -116,7 +133,7 @@ class AdaptiveLength:
         Below 1 + margin nothing can pay, however well the drafter guesses: a probe (which
         for a draft model means re-syncing its cache, ``extra``) would be wasted.
         """
-        return max(self.expected_speedup(k, alpha, extra) for k in range(1, self.cfg.max_len + 1))
+        return self._best(alpha, extra)[1]
 
     def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
         """Wall time of one drafting step (draft + verify) that drafted ``drafted`` tokens and
@@ -132,12 +149,8 @@ class AdaptiveLength:
     def best_length(self) -> int:
         if self.cfg.fixed:
             return self.cfg.max_len
-        best_k, best = 0, 1.0
-        for k in range(1, self.cfg.max_len + 1):
-            s = self.expected_speedup(k)
-            if s > best:
-                best_k, best = k, s
-        return best_k if best >= self.cfg.min_gain else 0
+        k, best = self._best()
+        return k if best > 1.0 and best >= self.cfg.min_gain else 0
 
     def length(self) -> int:
         """Draft length to use for the next step (0 = do not draft)."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from speclive.backends.base import Backend
 from speclive.drafting.base import AdaptiveConfig, Drafter
-from speclive.drafting.model import DEFAULT_WINDOW, catch_up_cost, draft_chain, timed_sync, window_start
+from speclive.drafting.model import DEFAULT_WINDOW, draft_chain, probe_cannot_pay, timed_sync, window_start
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError
 from speclive.tokenizer import Tokenizer
@@ -84,11 +84,8 @@ class CrossVocabDrafter(Drafter):
         draft_ids = self.draft.tokenizer.encode(text)
         if not draft_ids:
             return DraftTree()
-        if self.adaptive.off and not self.adaptive.cfg.fixed:
-            # a probe: skipped (the back-off still grows) when it cannot pay (see model.py)
-            extra = catch_up_cost(self.draft, self.state, draft_ids, self.adaptive.draft_ratio)
-            if self.adaptive.ceiling(CEILING_ALPHA, extra) < self.adaptive.cfg.min_gain:
-                return DraftTree()
+        if probe_cannot_pay(self, self.draft, self.state, draft_ids, CEILING_ALPHA):
+            return DraftTree()
         logits = timed_sync(self, self.draft, self.state, draft_ids)[-1]
         # draft one token more than needed: the last target token is dropped below
         d = draft_chain(self.draft, self.state, logits, k + 1, self.threshold)

@@ -45,6 +45,19 @@ def catch_up_cost(draft: Backend, state: BackendState, tokens: Sequence[int], dr
     return draft_ratio * draft.cost.ratio(behind)
 
 
+def probe_cannot_pay(
+    drafter: Drafter, draft: Backend, state: BackendState, tokens: Sequence[int], alpha: float
+) -> bool:
+    """True when ``drafter`` is switched off (this draft would be a back-off probe) and even
+    acceptance ``alpha`` could not pay for the drafts plus the catch-up prefill of the draft
+    cache ``state`` up to ``tokens``: the probe is skipped (the back-off still grows)."""
+    ctl = drafter.adaptive
+    if not ctl.off or ctl.cfg.fixed:
+        return False
+    extra = catch_up_cost(draft, state, tokens, ctl.draft_ratio)
+    return ctl.ceiling(alpha, extra) < ctl.cfg.min_gain
+
+
 def window_start(context: Sequence[int], window: int | None) -> int:
     """Index where a draft model's view of ``context`` begins (0 = whole context)."""
     return 0 if window is None else max(0, len(context) - window)
@@ -166,12 +179,8 @@ class ModelDrafter(Drafter):
         if k <= 0:
             return DraftTree()
         view = context[self._start :]
-        if self.adaptive.off and not self.adaptive.cfg.fixed:
-            # a probe: skipped (the back-off still grows) when even near-perfect acceptance
-            # could not pay for the drafts plus the catch-up prefill of the draft cache
-            extra = catch_up_cost(self.draft, self.state, view, self.adaptive.draft_ratio)
-            if self.adaptive.ceiling(CEILING_ALPHA, extra) < self.adaptive.cfg.min_gain:
-                return DraftTree()
+        if probe_cannot_pay(self, self.draft, self.state, view, CEILING_ALPHA):
+            return DraftTree()
         logits = timed_sync(self, self.draft, self.state, view)[-1]
         d = draft_chain(self.draft, self.state, logits, k, self.threshold, self.temperature, self.rng)
         return DraftTree.chain(d.tokens, probs=d.probs, dists=d.dists, source=self.name)
