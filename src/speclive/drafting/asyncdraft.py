@@ -172,12 +172,14 @@ class AsyncHybridDrafter(HybridDrafter):
         return toks, probs, time.perf_counter() - t0
 
     def _job_len(self) -> int:
-        """Draft steps that fit in one verification (both measured; at least 1)."""
+        """Draft steps that fit in one verification (both measured), at least 2: a chain is
+        reused only past the tokens the step commits (at least one beyond the speculated
+        path, ``_reusable``), so a one-token job could never be used."""
         t_d = self.model.step_seconds()
         t_t = self._step_seconds()
         if not t_d or not t_t:
             return 2
-        return max(1, min(self.acfg.max_job_len, self.hcfg.model_max_len, int(round(1.5 * t_t / t_d))))
+        return max(2, min(self.acfg.max_job_len, self.hcfg.model_max_len, int(round(1.5 * t_t / t_d))))
 
     def _speculated_path(self, tree: DraftTree) -> list[int]:
         """Tokens of the tree's most likely root path whose nodes are likely enough."""
