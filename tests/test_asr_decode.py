@@ -73,17 +73,31 @@ def test_bridged_drafter_is_identical_and_accepts(ar_results):
     assert forwards < 0.5 * sum(r.stats.target_forwards for r in ar_results)  # drafts were accepted
 
 
-def _words(text: str) -> list[str]:
-    return [w.strip(".,!?;:").lower() for w in text.split()]
+#: logit gap under which CTranslate2 and the converted model may pick different tokens: the two
+#: runtimes use different mel front ends and GEMM kernels, which moves logits by a few tenths
+#: on synthesized speech (locally "quick" beat its runner-up by 0.57 and "The" by 0.35; one CI
+#: machine picked "Quit"). A conversion error (wrong weight, layer or position) shows up as a
+#: divergence at a clear margin.
+CONVERSION_NEAR_TIE = 1.0
 
 
 def test_faster_whisper_agrees_with_converted_model(ar_results):
-    """Conversion check: CTranslate2 (float32) and the converted transformers model agree word for
-    word (case and punctuation aside: a near-tie such as "The"/"the" can flip between runtimes)."""
+    """Conversion check: CTranslate2 (float32) and the converted transformers model produce the
+    same tokens, or first differ where the converted model itself finds the two choices nearly
+    tied (teacher-forced logits of a fresh full forward)."""
     pytest.importorskip("faster_whisper")
     tr = Transcriber(TranscribeConfig(model="whisper-tiny.en", method="faster-whisper"))
+    t = tiny()
     for (_, audio), ref in zip(clips_16k(), ar_results, strict=True):
-        assert _words(tr.transcribe(audio).text) == _words(ref.text)
+        eos = t.specials.eos
+        got, ours = tr.transcribe(audio).token_ids + [eos], ref.token_ids + [eos]
+        if got == ours:
+            continue
+        j = next(i for i, (a, b) in enumerate(zip(got, ours, strict=False)) if a != b)
+        t.set_audio(audio)
+        row = t.reference_logits(list(t.specials.prompt) + ours[:j])[-1]
+        gap = float(row[ours[j]] - row[got[j]])
+        assert 0 <= gap < CONVERSION_NEAR_TIE, (j, ours[j], got[j], gap)
 
 
 def test_config_errors():

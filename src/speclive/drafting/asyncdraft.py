@@ -48,6 +48,11 @@ class AsyncConfig:
     post_verify_min_prob: float = 0.5
     #: most tokens one background job drafts
     max_job_len: int = 8
+    #: a job ignores the stop request until it has drafted this many tokens past its
+    #: speculated path (0: stop at once). Only a chain reaching past what the step commits is
+    #: reusable, so when the draft is nearly as slow as the target a job stopped after its
+    #: first token is wasted; 2 makes the target wait up to one draft step for a usable one.
+    min_job_tokens: int = 0
 
 
 @dataclass
@@ -168,7 +173,7 @@ class AsyncHybridDrafter(HybridDrafter):
 
     def _run_job(self, ctx: list[int], k: int, stop: threading.Event) -> tuple[list[int], list[float], float]:
         t0 = time.perf_counter()
-        toks, probs = self.model.chain(ctx, k, stop)
+        toks, probs = self.model.chain(ctx, k, stop, min_before_stop=self.acfg.min_job_tokens)
         return toks, probs, time.perf_counter() - t0
 
     def _job_len(self) -> int:

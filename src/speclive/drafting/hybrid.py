@@ -75,14 +75,19 @@ class ModelSource:
         """Cost (target steps) of syncing the cache to ``context`` before drafting."""
         return catch_up_cost(self.draft, self.state, context[self.start :], draft_ratio)
 
-    def chain(self, context: Sequence[int], k: int, stop: object = None) -> tuple[list[int], list[float]]:
+    def chain(
+        self, context: Sequence[int], k: int, stop: object = None, min_before_stop: int = 0
+    ) -> tuple[list[int], list[float]]:
         """Up to ``k`` greedy draft tokens after ``context`` with their probabilities.
 
-        ``stop`` (an object with ``is_set()``) is checked between draft steps.
+        ``stop`` (an object with ``is_set()``) is checked between draft steps once
+        ``min_before_stop`` tokens are drafted.
         """
         t0 = time.perf_counter()
         logits = self.draft.sync(self.state, context[self.start :])[-1]
-        d = draft_chain(self.draft, self.state, logits, k, self.threshold, stop=stop)
+        d = draft_chain(
+            self.draft, self.state, logits, k, self.threshold, stop=stop, min_before_stop=min_before_stop
+        )
         toks, probs = d.tokens, d.probs
         self.seconds += time.perf_counter() - t0
         self.steps += max(1, len(toks))

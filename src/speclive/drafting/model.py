@@ -89,11 +89,13 @@ def draft_chain(
     temperature: float = 0.0,
     rng: np.random.Generator | None = None,
     stop: object = None,
+    min_before_stop: int = 0,
 ) -> ChainDraft:
     """Draft up to ``k`` tokens after ``logits`` (the draft's last-row logits).
 
     ``stop`` (an object with ``is_set()``, e.g. a ``threading.Event``) is checked between draft
-    steps: an asynchronous drafter cuts its chain short when the target needs it.
+    steps once ``min_before_stop`` tokens are drafted: an asynchronous drafter cuts its chain
+    short when the target needs it.
     """
     out = ChainDraft([], [], [] if temperature > 0 else None)
     row = logits
@@ -110,7 +112,9 @@ def draft_chain(
         out.probs.append(float(p[tok]))
         if out.dists is not None:
             out.dists.append(p)
-        if i + 1 >= k or (stop is not None and stop.is_set()):  # type: ignore[attr-defined]
+        if i + 1 >= k or (
+            stop is not None and i + 1 >= min_before_stop and stop.is_set()  # type: ignore[attr-defined]
+        ):
             break
         row = backend.extend(state, [tok])[-1]
     return out
