@@ -21,7 +21,6 @@ import sys
 
 from speclive.backends.base import CostModel
 from speclive.bench.suites import load_prompts
-from speclive.drafting.base import AdaptiveConfig
 from speclive.drafting.ngram import NgramDrafter
 from speclive.drafting.suffix import SuffixConfig, SuffixDrafter, load_datastore
 from speclive.loader import tokenizer_for
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = {p["id"]: p["text"] for s in sets for p in load_prompts(s, limit)}
     store = load_datastore(args.datastore, target) if args.datastore else None  # type: ignore[arg-type]
     drafters = {
-        "ngram": NgramDrafter(adaptive=AdaptiveConfig(max_len=16)),
+        "ngram": NgramDrafter(),  # the default: survival-mode buckets
         "suffix": SuffixDrafter(store, SuffixConfig(free_probes=not args.no_free_probes)),
     }
     ar = [r for r in res["records"] if r["method"] == "ar" and r.get("backend") == "llamacpp"]

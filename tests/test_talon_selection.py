@@ -1,7 +1,8 @@
 """What the retrieval/hybrid drafters choose to verify on a steep CPU cost curve.
 
-- the copied chain (latest longest request match, scored α_b^(d+1)) keeps long exact copies
-  long once they keep being accepted, where count-based path probabilities decay with depth;
+- the copied chain (latest longest request match, scored by its bucket's learned survival
+  curve) keeps long exact copies long once they keep being accepted, where count-based path
+  probabilities decay with depth;
 - a chain that keeps failing is switched off and probed with exponential back-off;
 - probes are free: their outcome is read off the tokens the target commits anyway, with the
   same back-off and calibration as a verified probe;

@@ -11,9 +11,10 @@ Each step (Algorithm 1, twice):
    path probability (count / matches, with ``prior`` pseudo-counts) times a calibration factor
    learned online per (store, match-length bucket);
    the continuation of the *latest* longest request match (what the n-gram drafter copies) is
-   fused in as a chain of its own, its node at depth d scored α_b^(d+1) with α_b the acceptance
-   learned per match-length bucket b (geometric, as the n-gram drafter learns it): a long exact
-   copy that keeps being accepted stays long, where path-probability scores decay with depth;
+   fused in as a chain of its own, its node at depth d scored S_b(d), the survival curve learned
+   per match-length bucket b (as the n-gram drafter learns it: a copy is taken whole or breaks
+   at an edit): a long exact copy that keeps being accepted stays long, where path-probability
+   scores decay with depth;
 4. the verified tree is the prefix of nodes, by decreasing score, that maximises expected tokens
    per unit of time under the target's measured verification-cost curve; when no tree beats
    plain AR by ``min_gain`` nothing is drafted (with a periodic probe so calibration recovers).
@@ -138,8 +139,14 @@ class SuffixDrafter(Drafter):
         # per proposed node: (calibration key, raw score) of the last proposal
         self._last: list[tuple[str, float]] = []
         # acceptance of the copied chain per match-length bucket (the n-gram drafter's buckets)
+        # (learned survival, as the n-gram drafter's buckets: a copy is taken whole or breaks
+        # at an edit, which a per-token rate cannot describe)
         self.chain_ctl = {
-            b: AdaptiveLength(AdaptiveConfig(max_len=self.cfg.chain_depth, prior_alpha=a))
+            b: AdaptiveLength(
+                AdaptiveConfig(
+                    max_len=self.cfg.chain_depth, prior_alpha=a, survival=True, survival_decay=0.1
+                )
+            )
             for b, a in BUCKET_PRIOR.items()
         }
         # per tracked chain of the last proposal: its node indices in the proposed tree
@@ -210,7 +217,10 @@ class SuffixDrafter(Drafter):
         b = max((x for x in self.chain_ctl if x <= length), default=min(self.chain_ctl))
         ctl = self.chain_ctl[b]
         key = f"chain:{b}"
-        idx = cand.add_chain([int(t) for t in row[:n]], [ctl.alpha] * n, 1.0, key, "chain")
+        # node d scored S_b(d), the bucket's learned probability that depth d is accepted
+        surv = ctl.survival_curve()[:n]
+        cond = [surv[0]] + [y / x if x > 0 else 0.0 for x, y in zip(surv, surv[1:], strict=False)]
+        idx = cand.add_chain([int(t) for t in row[:n]], cond, 1.0, key, "chain")
         cand.chains[key] = idx
         # the bucket's controller, as the n-gram drafter's: while its chains do not pay it is
         # off and asks for a short probe now and then (backing off exponentially)
