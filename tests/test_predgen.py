@@ -157,6 +157,24 @@ def test_deadline_yields_and_the_next_update_reuses_the_partial_candidate(hf_smo
     base.close()
 
 
+def test_a_stable_first_sentence_is_presynthesized_even_when_it_overruns(hf_smol, piper):
+    """A first sentence whose synthesis never fits before the next word (a long sentence, fast
+    speech) is still pre-synthesized once it survives a verification against newer input;
+    with ``presynth_stable=False`` (bench option ``@fits``) it never is."""
+    prompt = PROMPTS[1]
+    for stable in (True, False):
+        s = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False, presynth_stable=stable)
+        s._synth_per_char = 10.0  # as measured on a slow voice: no synthesis fits in 60 s
+        u1 = s.update(prompt, deadline=time.perf_counter() + 60)
+        assert u1.first_sentence and not u1.resynthesized and s.presynth is None
+        u2 = s.update(prompt, deadline=time.perf_counter() + 60)  # verified again: it survives
+        assert u2.first_sentence == u1.first_sentence
+        assert u2.resynthesized == stable and (s.presynth is not None) == stable
+        resp = s.finish(prompt)
+        assert resp.presynth_used == stable
+        s.close()
+
+
 def test_simulated_user_passes_the_next_arrival_as_deadline():
     class _Yielding(_Recorder):
         supports_deadline = True

@@ -139,8 +139,9 @@ def add_bench_parser(subparsers: Any) -> None:
         "--methods",
         type=_csv,
         default=["baseline", "greedy", "topk:3", "reflection"],
-        help="baseline and verifiers (greedy, topk:K, reflection), each optionally @sentence|@chunks "
-        "(how the first sentence is verified)",
+        help="baseline and verifiers (greedy, topk:K, reflection), each optionally with options "
+        "@sentence|@chunks (how the first sentence is verified) and @fits (pre-synthesize only what "
+        "fits before the next word)",
     )
     g.add_argument("--turns", type=_ints, default=[1, 2])
     g.add_argument("--limit", type=int, default=20, help="MT-Bench questions (spread over the 80)")
@@ -391,18 +392,13 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
 def cmd_predgen(args: argparse.Namespace) -> int:
     from speclive.bench.predgen import PredGenBenchOptions, markdown, run_predgen_bench, write_outputs
     from speclive.errors import ConfigError
-    from speclive.sessions.predictive import FIRST_PASS, _parse_verifier
+    from speclive.sessions.predictive import parse_method
 
     if "baseline" not in args.methods:
         raise ConfigError("--methods must include baseline (speedups and turn-2 history come from it)")
     for m in args.methods:
         if m != "baseline":
-            verifier, _, first_pass = m.partition("@")
-            _parse_verifier(verifier)
-            if first_pass and first_pass not in FIRST_PASS:
-                raise ConfigError(
-                    f"invalid first pass in method {m!r}; allowed after '@': {', '.join(FIRST_PASS)}"
-                )
+            parse_method(m)
     tag = f"predgen-{args.tag}" if args.tag else f"predgen-{args.model}-{args.backend}"
     parts = [
         "speclive",

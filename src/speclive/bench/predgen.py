@@ -93,7 +93,7 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
 
     from speclive.bench.datasets import mtbench_questions
     from speclive.loader import load_backend
-    from speclive.sessions.predictive import PredictiveResponder
+    from speclive.sessions.predictive import PredictiveResponder, parse_method
     from speclive.sessions.simulate import simulate_user
 
     backend = load_backend(opts.model, opts.backend)
@@ -146,8 +146,8 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
                 if method not in methods:
                     continue
                 bar.set_postfix_str(f"q{question['id']} t{turn} {method}")
-                # "VERIFIER@FIRST_PASS", e.g. greedy@sentence: the paper's one-pass first sentence
-                verifier, _, first_pass = method.partition("@")
+                # "VERIFIER[@OPTION...]", e.g. greedy@chunks (sessions.predictive.parse_method)
+                verifier, kw = ("greedy", {}) if method == "baseline" else parse_method(method)
                 s = PredictiveResponder(
                     backend,
                     tts=tts,
@@ -155,8 +155,8 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
                     max_tokens=opts.max_tokens,
                     speak_rest=False,
                     baseline=method == "baseline",
-                    verifier="greedy" if method == "baseline" else verifier,
-                    first_pass=first_pass or "sentence",
+                    verifier=verifier,
+                    **kw,
                 )
                 try:
                     resp, tl = simulate_user(s, question["prompt"], opts.cpm)

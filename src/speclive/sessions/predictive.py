@@ -60,6 +60,10 @@ class PredGenConfig:
     baseline: bool = False
     #: synthesize the sentences after the first too (a real voice chat does; benchmarks may not)
     speak_rest: bool = True
+    #: pre-synthesize a first sentence that survived a verification against newer input even
+    #: when the synthesis will overrun the next word (it delays that update, never loses input).
+    #: Off, a long sentence whose synthesis takes longer than a word is never pre-synthesized.
+    presynth_stable: bool = True
     #: how the candidate's first sentence is verified: "sentence" = all of it in one pass (the
     #: paper), "chunks" = cost-curve-sized chunks, which stop at the first rejected chunk
     #: instead of paying for a whole long sentence rejected early. Measured on 12 MT-Bench
@@ -103,6 +107,28 @@ class PredGenResponse:
     audio: list[Audio] = field(default_factory=list, repr=False)
     total_s: float = 0.0
     forwards: int = 0
+
+
+#: method options after '@' besides FIRST_PASS: "fits" = pre-synthesize only what fits before
+#: the next word (``presynth_stable=False``)
+METHOD_OPTIONS = (*FIRST_PASS, "fits")
+
+
+def parse_method(method: str) -> tuple[str, dict]:
+    """``VERIFIER[@OPTION...]`` (e.g. ``greedy@chunks``, ``greedy@fits``) -> (verifier, config
+    overrides); the benchmark's way of naming variants measured side by side."""
+    verifier, *opts = method.split("@")
+    _parse_verifier(verifier)
+    kw: dict = {}
+    for o in opts:
+        if o in FIRST_PASS:
+            kw["first_pass"] = o
+        elif o == "fits":
+            kw["presynth_stable"] = False
+        else:
+            allowed = ", ".join(METHOD_OPTIONS)
+            raise ConfigError(f"invalid option {o!r} in method {method!r}; allowed after '@': {allowed}")
+    return verifier, kw
 
 
 def _parse_verifier(spec: str):
@@ -156,6 +182,7 @@ class PredictiveResponder:
         self.partial = ""  # the prompt the candidate answers
         self.latest = ""  # the newest partial prompt seen
         self._cut_off = False  # the last speculation stopped before its first sentence ended
+        self._last_first = ""  # the first sentence the previous update produced
         self.finished = False
         self._synth_per_char: float | None = None
 
@@ -306,7 +333,11 @@ class PredictiveResponder:
         self.candidate = r["ids"]
         u = CandidateUpdate(partial, r["text"], r["first"], r["drafted"], r["accepted"], r["forwards"], 0.0)
         fits = deadline is None or time.perf_counter() + self._synth_estimate(r["first"]) <= deadline
-        if r["first"] and fits and (self.presynth is None or self.presynth[0] != r["first"]):
+        # a sentence the verifier kept against newer input is likely the final one: worth
+        # delaying the next update for (the new words wait, as during any long update)
+        stable = self.cfg.presynth_stable and bool(r["first"]) and r["first"] == self._last_first
+        self._last_first = r["first"]
+        if r["first"] and (fits or stable) and (self.presynth is None or self.presynth[0] != r["first"]):
             audio = self._synthesize(r["first"])
             if audio is not None:
                 self.presynth = (r["first"], audio)
