@@ -142,7 +142,12 @@ def test_int8_draft_tracks_float32(wb, prefix):
     q = WhisperBackend(wb.model, wb.tokenizer, wb.specials, context=wb.context, int8=True)
     got, want = _fresh(q, prefix), _fresh(wb, prefix)
     d = np.abs(_logp(got) - _logp(want))
-    assert 1e-4 < d.max() < 2.0, d.max()
+    assert d.max() > 1e-4  # really quantized
+    # close where it matters: the float32 model's 10 likeliest tokens per row (the maximum over
+    # the whole vocabulary is set by very unlikely tokens and varied 1.4-2.1 between runs/machines)
+    top = np.argsort(-want, axis=-1)[:, :10]
+    near = np.take_along_axis(d, top, -1)
+    assert near.mean() < 0.6, near.mean()
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.8
     assert q.name.endswith("/int8")
     shallow = wb.shallow(2, int8=True)
