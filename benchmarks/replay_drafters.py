@@ -63,13 +63,7 @@ def replay(d, target: CurveTarget, prompt: list[int], ref: list[int]):
         budget = min(64, len(ref) - len(out) - 1)
         tree = d.propose(ctx, budget).truncated(budget) if budget > 0 else None
         n = len(tree) if tree is not None else 0
-        acc, node, pos = [], -1, len(out)
-        while n and pos < len(ref):
-            node = tree.find_child(node, ref[pos])
-            if node < 0:
-                break
-            acc.append(node)
-            pos += 1
+        acc = tree.follow(ref[len(out) :]) if n else []
         new = ref[len(out) : len(out) + len(acc) + 1]
         dt = target.seconds(n + 1)
         secs += dt

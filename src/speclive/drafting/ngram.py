@@ -35,6 +35,17 @@ from speclive.errors import ConfigError
 #: prior per-token acceptance of a draft copied after a match of at least this many tokens
 BUCKET_PRIOR = {2: 0.45, 4: 0.6, 8: 0.8, 16: 0.9}
 
+#: the copying drafters' length controller: learned survival (module docstring), a memory of
+#: roughly 10 drafts; shared by this drafter and the suffix drafter's copied chain
+COPY_ADAPTIVE = AdaptiveConfig(max_len=16, survival=True, survival_decay=0.1)
+
+
+def bucket_controllers(base: AdaptiveConfig, buckets: Sequence[int]) -> dict[int, AdaptiveLength]:
+    """One controller per match-length bucket, each starting from its bucket's prior acceptance."""
+    return {
+        b: AdaptiveLength(replace(base, prior_alpha=BUCKET_PRIOR.get(b, base.prior_alpha))) for b in buckets
+    }
+
 
 class NgramDrafter(Drafter):
     name = "ngram"
@@ -51,14 +62,11 @@ class NgramDrafter(Drafter):
             raise ConfigError(f"ngram drafter needs 1 <= min_n <= max_match, got {min_n}, {max_match}")
         if not buckets or sorted(buckets) != list(buckets) or buckets[0] < min_n:
             raise ConfigError(f"buckets must be increasing match lengths >= min_n, got {list(buckets)}")
-        base = adaptive or AdaptiveConfig(max_len=16, survival=True, survival_decay=0.1)
+        base = adaptive or replace(COPY_ADAPTIVE)
         super().__init__(base)
         self.min_n, self.max_match, self.max_candidates = min_n, max_match, max_candidates
         self.buckets = tuple(int(b) for b in buckets)
-        self.by_bucket = {
-            b: AdaptiveLength(replace(base, prior_alpha=BUCKET_PRIOR.get(b, base.prior_alpha)))
-            for b in self.buckets
-        }
+        self.by_bucket = bucket_controllers(base, self.buckets)
         self._ctx: list[int] = []
         # min_n-gram -> start indices of the tokens that followed each occurrence (increasing)
         self._index: dict[tuple[int, ...], list[int]] = {}

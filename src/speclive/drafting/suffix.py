@@ -37,14 +37,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from speclive.backends.base import Backend
-from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
+from speclive.drafting.base import Drafter
 from speclive.drafting.datastore import SuffixDatastore
-from speclive.drafting.ngram import BUCKET_PRIOR
+from speclive.drafting.ngram import BUCKET_PRIOR, COPY_ADAPTIVE, bucket_controllers
 from speclive.drafting.retrieval import (
     Calibrator,
     Candidates,
@@ -138,17 +138,11 @@ class SuffixDrafter(Drafter):
         self._probing = False
         # per proposed node: (calibration key, raw score) of the last proposal
         self._last: list[tuple[str, float]] = []
-        # acceptance of the copied chain per match-length bucket (the n-gram drafter's buckets)
-        # (learned survival, as the n-gram drafter's buckets: a copy is taken whole or breaks
-        # at an edit, which a per-token rate cannot describe)
-        self.chain_ctl = {
-            b: AdaptiveLength(
-                AdaptiveConfig(
-                    max_len=self.cfg.chain_depth, prior_alpha=a, survival=True, survival_decay=0.1
-                )
-            )
-            for b, a in BUCKET_PRIOR.items()
-        }
+        # the copied chain's length controllers: the n-gram drafter's buckets, priors and
+        # learned survival (a copy is taken whole or breaks at an edit)
+        self.chain_ctl = bucket_controllers(
+            replace(COPY_ADAPTIVE, max_len=self.cfg.chain_depth), BUCKET_PRIOR
+        )
         # per tracked chain of the last proposal: its node indices in the proposed tree
         self._chains: dict[str, list[int]] = {}
         # a free probe not resolved yet: (context length when proposed, its tree, the

@@ -98,6 +98,7 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
 
 def add_predgen_parser(subparsers: Any) -> None:
     from speclive.loader import BACKENDS, DEFAULT_MODEL
+    from speclive.sessions.predictive import FIRST_PASS
 
     p = subparsers.add_parser(
         "predgen", help="voice-chat answer while the user speaks (PredGen input-time speculation)"
@@ -108,7 +109,7 @@ def add_predgen_parser(subparsers: Any) -> None:
     p.add_argument(
         "--first-pass",
         default="sentence",
-        choices=["sentence", "chunks"],
+        choices=FIRST_PASS,
         help="verify the candidate's first sentence in one pass (sentence, the paper) or in "
         "cost-curve-sized chunks (chunks)",
     )
