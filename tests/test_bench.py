@@ -261,3 +261,40 @@ def test_costcurve_writes_files(tmp_path: Path) -> None:
     assert data["rows"][0]["ratio"] == pytest.approx(1.0)
     assert "t(k)/t(1)" in stem.with_suffix(".md").read_text()
     assert stem.with_suffix(".png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_replicas_and_hybrid_against_best_single() -> None:
+    """``NAME#TAG`` runs the same method again (an A/A control); the hybrid is judged against
+    the best single drafter per set with a bootstrap interval over prompts."""
+    import numpy as np
+
+    from speclive.bench.suites import method_base
+    from speclive.bench.talon import hybrid_vs_best, talon_markdown
+
+    assert method_base("suffix#2") == "suffix" and method_base("hybrid") == "hybrid"
+    rng = np.random.default_rng(1)
+    recs = []
+    # per method: throughput factor vs AR on set "a" and set "b"
+    speed = {"ar": (1.0, 1.0), "ngram": (1.10, 1.0), "suffix": (1.20, 1.02), "suffix#2": (1.20, 1.02),
+             "hybrid": (1.30, 0.90)}
+    for s_i, s in enumerate(("a", "b")):
+        for p in range(12):
+            base_wall = 4.0 + p % 3
+            for m, f in speed.items():
+                wall = base_wall / f[s_i] * (1 + 0.005 * rng.standard_normal())
+                recs.append({"set": s, "prompt_id": f"p{p}", "label": m, "token_ids": [1] * 96,
+                             "new_tokens": 96, "wall_s": wall})
+    hv = hybrid_vs_best(recs, n_boot=500)
+    a, b = hv["a"], hv["b"]
+    assert a["best_single"] == "suffix" and b["best_single"] == "suffix"
+    assert a["hybrid_vs_best"]["verdict"] == "faster" and abs(a["hybrid_vs_best"]["ratio"] - 1.3 / 1.2) < 0.01
+    c = b["hybrid_vs_best"]
+    assert c["verdict"] == "slower" and c["lo"] <= c["ratio"] <= c["hi"] < 1.0
+    rep = a["replicas"][0]
+    assert (rep["a"], rep["b"]) == ("suffix#2", "suffix") and rep["lo"] < 1.0 < rep["hi"]
+    result = {"header": {"target": "t", "backends": ["llamacpp"]}, "summary": [], "hybrid_vs_best": hv}
+    from unittest import mock
+
+    with mock.patch("speclive.bench.report.markdown_preamble", return_value=[]):
+        md = talon_markdown(result)
+    assert "| b | suffix |" in md and "slower" in md and "suffix#2 / suffix" in md

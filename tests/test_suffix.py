@@ -243,3 +243,50 @@ def test_cli_build_info_and_bad_input(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert "another tokenizer" in err and "budget" in err and "empty corpus" in err
+
+
+def _answer_doc(pid: str, question: str) -> str:
+    msgs = [{"role": "user", "content": question}, {"role": "assistant", "content": "An answer. " * 20}]
+    return json.dumps({"id": pid, "messages": msgs}) + "\n"
+
+
+def test_bench_refuses_a_datastore_holding_benchmark_answers(tmp_path):
+    """A corpus answer to a benchmark question (also one asked inside a chat-slice prompt) is
+    dropped by ``--exclude-bench``; a datastore that still holds one is refused before any
+    model is loaded (retrieval would copy the answer and inflate the speedup)."""
+    from types import SimpleNamespace
+
+    from speclive.bench.datasets import mtbench_questions
+    from speclive.bench.suites import load_prompts
+    from speclive.bench.talon import run_talon
+    from speclive.cli import main
+    from speclive.errors import ConfigError
+
+    limit = 4
+    mt = load_prompts("mtbench", limit)[0]
+    chat = load_prompts("chat-heldout", limit)[0]
+    qs = {f"mtbench-{q['id']}-{q['category']}": q["prompt"] for q in mtbench_questions(1)}
+    chat_q = "mtbench-" + chat["id"].removeprefix("chat-")
+    assert chat_q in qs and chat_q != mt["id"]
+    free = next(k for k in qs if k not in (mt["id"], chat_q) and k.removeprefix("mtbench-") not in chat["id"])
+    corpus = tmp_path / "answers.jsonl"
+    corpus.write_text(_answer_doc(mt["id"], mt["text"]) + _answer_doc(chat_q, qs[chat_q]))
+    (tmp_path / "free.jsonl").write_text(_answer_doc(free, qs[free]))
+
+    def build(out, *extra):
+        args = ["datastore", "build", "--model", "smollm2-135m-instruct", "--corpus", str(tmp_path)]
+        assert main([*args, "-o", str(out), *extra]) == 0
+        return str(out)
+
+    opts = SimpleNamespace(
+        sets=["mtbench", "chat-heldout"], limit=limit, backends=["llamacpp"], methods=["ar"]
+    )
+    opts.datastore = build(tmp_path / "leaky.npz")
+    with pytest.raises(ConfigError, match=f"--exclude-bench {limit}") as err:
+        run_talon(opts)
+    assert mt["id"] in str(err.value) and chat["id"] in str(err.value)
+    clean = build(tmp_path / "clean.npz", "--exclude-bench", str(limit))
+    from speclive.bench.talon import datastore_facts
+
+    facts = datastore_facts(clean, [*load_prompts("mtbench", limit), *load_prompts("chat-heldout", limit)])
+    assert facts["overlap_with_benchmark"] == [] and facts["corpus_prompts"] == 1

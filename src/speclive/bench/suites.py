@@ -453,7 +453,7 @@ def _build_methods(
     from speclive.models.resolve import resolve
 
     wanted = list(dict.fromkeys(opts.methods))
-    unknown = [m for m in wanted if m not in ALL_METHODS + TALON_METHODS]
+    unknown = [m for m in wanted if method_base(m) not in ALL_METHODS + TALON_METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; known: {', '.join(ALL_METHODS)}")
     if any(m in VLLM_PEERS for m in wanted) and "vllm-ar" not in wanted:
@@ -487,21 +487,24 @@ def _build_methods(
 
     for backend, target in targets.items():
         for m in wanted:
-            if m in VLLM_PEERS:
+            base = method_base(m)
+            if base in VLLM_PEERS:
                 continue
             if opts.backend_methods is not None and m not in opts.backend_methods.get(backend, ()):
                 continue
-            kind = "ours" if m in OUR_METHODS + TALON_METHODS else "peer"
+            kind = "ours" if base in OUR_METHODS + TALON_METHODS else "peer"
             try:
-                runner = _local_runner(m, backend, target, ref, opts)
+                runner = _local_runner(base, backend, target, ref, opts)
             except Exception as e:  # noqa: BLE001 - one broken method must not stop the benchmark
                 runner = f"failed to set up: {type(e).__name__}: {e}"
             if isinstance(runner, str):
                 skip(f"{m}[{backend}]", runner)
             elif runner is not None:
-                methods.append(Method(m, backend, kind, runner, {"draft": drafts.get(m)}))
+                methods.append(Method(m, backend, kind, runner, {"draft": drafts.get(base)}))
 
-    vllm_wanted = [m for m in wanted if m in VLLM_PEERS]
+    vllm_wanted = [m for m in wanted if method_base(m) in VLLM_PEERS]
+    if any(m != method_base(m) for m in vllm_wanted):
+        raise ValueError("replicas (NAME#TAG) are for local methods, not vLLM peers")
     if vllm_wanted:
         py = vllm_python()
         if py is None:
@@ -541,6 +544,12 @@ def _build_methods(
                 methods.append(Method(m, "vllm", "vllm", peer, {"draft": drafts.get(m)}))
     models["drafts"] = {m.key: m.info["draft"] for m in methods if m.info.get("draft")}
     return methods, skipped, models
+
+
+def method_base(name: str) -> str:
+    """The method a benchmark entry runs: ``suffix#2`` is a second, independent ``suffix``
+    (its own drafter and learned state), run side by side as an A/A control of timing noise."""
+    return name.split("#", 1)[0]
 
 
 def _rotate(items: Sequence[Method], i: int) -> list[Method]:

@@ -14,8 +14,11 @@ apply (transformers generate/assisted with ``--hf-peers`` on the transformers ba
 ``ngram``/``suffix``/draft-model when its venv is installed — else skipped with the reason).
 
 Added on top of the decode result: the datastore's provenance and its overlap with the
-benchmark prompts (must be empty), suffix-lookup time against one target step, and the busy
-time of both sides in the asynchronous mode.
+benchmark prompts (must be empty), suffix-lookup time against one target step, the busy
+time of both sides in the asynchronous mode, and the hybrid against the best single drafter
+per set with bootstrap intervals over prompts. A replica such as ``suffix#2`` (a second,
+independent ``suffix`` run side by side) is an A/A control: its ratio to ``suffix`` is the
+spread timing noise and diverging learned state alone produce.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ TALON_DEFAULT_METHODS: tuple[str, ...] = (
     "vllm-draft",
 )
 HF_PEER_METHODS: tuple[str, ...] = ("ar", "hf-generate", "hf-assisted")
+#: joins an MT-Bench question and its follow-up into one chat-slice prompt
+CHAT_JOIN = "\n\nThen: "
 
 
 def _spread(n: int, limit: int | None) -> list[int]:
@@ -63,16 +68,30 @@ def chat_heldout_prompts(limit: int | None = None) -> list[dict[str, str]]:
     for i in _chat_indices(len(t1), limit):
         q, f = t1[i], t2[i]
         rows.append(
-            {"id": f"chat-{q['id']}-{q['category']}", "text": f"{q['prompt']}\n\nThen: {f['prompt']}"}
+            {"id": f"chat-{q['id']}-{q['category']}", "text": f"{q['prompt']}{CHAT_JOIN}{f['prompt']}"}
         )
     return rows
 
 
 def bench_prompt_texts(limit: int | None) -> list[str]:
-    """User texts of every prompt a ``bench talon --limit LIMIT`` run evaluates."""
+    """User texts of every prompt a ``bench talon --limit LIMIT`` run evaluates; a chat-slice
+    prompt gives its two MT-Bench turns separately (a corpus answer to the first turn alone
+    leaks just as much)."""
     from speclive.bench.suites import load_prompts
 
-    return [r["text"] for s in TALON_SETS for r in load_prompts(s, limit)]
+    out: list[str] = []
+    for s in TALON_SETS:
+        for r in load_prompts(s, limit):
+            out += r["text"].split(CHAT_JOIN) if s == "chat-heldout" else [r["text"]]
+    return out
+
+
+def _question_key(prompt_id: str) -> str:
+    """``mtbench-97-roleplay`` and ``chat-97-roleplay`` ask the same MT-Bench question."""
+    for prefix in ("mtbench-", "chat-"):
+        if prompt_id.startswith(prefix):
+            return "mt-" + prompt_id[len(prefix) :]
+    return prompt_id
 
 
 def held_out_prompts(sets: Sequence[str], per_set: int, bench_limit: int | None) -> list[dict[str, str]]:
@@ -162,6 +181,69 @@ def async_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+SINGLE_DRAFTERS: tuple[str, ...] = ("model", "ngram", "suffix")
+
+
+def _ratio_ci(
+    recs: Mapping[str, Sequence[Mapping[str, Any]]], a: str, b: str, n_boot: int, seed: int
+) -> dict[str, Any] | None:
+    """Throughput of ``a`` over ``b`` (Σtokens/Σwall each) on their common prompts, with a 95 %
+    percentile bootstrap interval over prompts (pairs resampled together)."""
+    import numpy as np
+
+    ra = {r["prompt_id"]: r for r in recs.get(a, ()) if r.get("wall_s")}
+    rb = {r["prompt_id"]: r for r in recs.get(b, ()) if r.get("wall_s")}
+    ids = sorted(set(ra) & set(rb))
+    if not ids:
+        return None
+    ta = np.array([ra[i]["new_tokens"] for i in ids], float)
+    wa = np.array([ra[i]["wall_s"] for i in ids], float)
+    tb = np.array([rb[i]["new_tokens"] for i in ids], float)
+    wb = np.array([rb[i]["wall_s"] for i in ids], float)
+    point = (ta.sum() / wa.sum()) / (tb.sum() / wb.sum())
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(ids), size=(n_boot, len(ids)))
+    boot = (ta[pick].sum(1) / wa[pick].sum(1)) / (tb[pick].sum(1) / wb[pick].sum(1))
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"a": a, "b": b, "prompts": len(ids), "ratio": float(point), "lo": float(lo), "hi": float(hi)}
+
+
+def hybrid_vs_best(records: Sequence[Mapping[str, Any]], n_boot: int = 4000, seed: int = 0) -> dict[str, Any]:
+    """Per set: the hybrid's throughput over the best single drafter's (model, n-gram, suffix:
+    the highest point estimate, a choice that favours the single drafter), and every A/A
+    replica (``NAME#TAG``) over its original, each with a bootstrap interval over prompts.
+
+    Verdict per set: ``faster`` (ratio >= 1), ``within noise`` (below 1 but its interval
+    reaches 1) or ``slower``.
+    """
+    out: dict[str, Any] = {}
+    sets = list(dict.fromkeys(r["set"] for r in records))
+    for s in sets:
+        by: dict[str, list[Mapping[str, Any]]] = {}
+        for r in records:
+            if r["set"] == s and "token_ids" in r:
+                by.setdefault(r["label"], []).append(r)
+        if "ar" not in by:
+            continue
+        singles = [m for m in SINGLE_DRAFTERS if m in by]
+        vs_ar = {m: _ratio_ci(by, m, "ar", n_boot, seed) for m in [*singles, "hybrid"] if m in by}
+        entry: dict[str, Any] = {"vs_ar": vs_ar}
+        if "hybrid" in by and singles:
+            best = max(singles, key=lambda m: vs_ar[m]["ratio"] if vs_ar[m] else 0.0)
+            c = _ratio_ci(by, "hybrid", best, n_boot, seed)
+            if c is not None:
+                c["verdict"] = "faster" if c["ratio"] >= 1 else "within noise" if c["hi"] >= 1 else "slower"
+            entry["best_single"] = best
+            entry["hybrid_vs_best"] = c
+        entry["replicas"] = [
+            c
+            for m in by
+            if "#" in m and (c := _ratio_ci(by, m, m.split("#", 1)[0], n_boot, seed)) is not None
+        ]
+        out[s] = entry
+    return out
+
+
 def datastore_facts(path: str | None, prompts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if not path:
         return {"path": None}
@@ -171,8 +253,8 @@ def datastore_facts(path: str | None, prompts: Sequence[Mapping[str, Any]]) -> d
 
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(bytes(z["meta"]).decode())
-    ids = set(meta.get("corpus_prompt_ids", []))
-    overlap = sorted(ids & {str(p["id"]) for p in prompts})
+    ids = {_question_key(str(i)) for i in meta.get("corpus_prompt_ids", [])}
+    overlap = sorted(str(p["id"]) for p in prompts if _question_key(str(p["id"])) in ids)
     return {
         "path": str(path),
         "model": meta.get("model"),
@@ -229,6 +311,36 @@ def talon_markdown(result: Mapping[str, Any]) -> str:
                 else "."
             ),
         ]
+    hv = result.get("hybrid_vs_best", {})
+    if any(e.get("hybrid_vs_best") for e in hv.values()):
+        lines += [
+            "",
+            "## Hybrid against the best single drafter (throughput ratio, 95 % bootstrap over prompts)",
+            "",
+            "| set | best single | its speedup vs AR | hybrid vs AR | hybrid / best | verdict "
+            "| A/A replicas |",
+            "|---|---|---|---|---|---|---|",
+        ]
+
+        def fmt(c: Mapping[str, Any] | None) -> str:
+            return f"{c['ratio']:.3f} [{c['lo']:.3f}, {c['hi']:.3f}]" if c else "–"
+
+        for s, e in hv.items():
+            c = e.get("hybrid_vs_best")
+            if not c:
+                continue
+            reps = "; ".join(f"{r['a']} / {r['b']} = {fmt(r)}" for r in e.get("replicas", [])) or "–"
+            lines.append(
+                f"| {s} | {e['best_single']} | {fmt(e['vs_ar'].get(e['best_single']))} "
+                f"| {fmt(e['vs_ar'].get('hybrid'))} | {fmt(c)} | {c['verdict']} | {reps} |"
+            )
+        lines += [
+            "",
+            "The best single drafter is picked per set by its point estimate, which favours it "
+            "(the largest of several noisy ratios is biased upwards). An A/A replica is the same "
+            "drafter run twice side by side: its ratio shows the spread timing noise and diverging "
+            "learned state alone produce.",
+        ]
     asy = result.get("async", {})
     if asy:
         lines += ["", "## Asynchronous mode (hybrid-async): how busy each side was", ""]
@@ -284,9 +396,18 @@ def run_talon(opts: Any, hf_peers: bool = False) -> dict[str, Any]:
         opts.methods = list(dict.fromkeys([*opts.methods, *HF_PEER_METHODS]))
         opts.backend_methods = {b: ours for b in opts.backends if b != "hf"}
         opts.backend_methods["hf"] = list(HF_PEER_METHODS)
-    result = run_decode_bench(opts)
     prompts = [p for s in opts.sets for p in load_prompts(s, opts.limit)]
-    result["header"]["datastore"] = datastore_facts(opts.datastore, prompts)
+    facts = datastore_facts(opts.datastore, prompts)
+    if facts.get("overlap_with_benchmark"):
+        from speclive.errors import ConfigError
+
+        raise ConfigError(
+            f"the datastore {opts.datastore} holds the model's answers to benchmark prompts "
+            f"({', '.join(facts['overlap_with_benchmark'])}): retrieval would copy them. Rebuild it "
+            f"with `speclive datastore build ... --exclude-bench {opts.limit or 0}`"
+        )
+    result = run_decode_bench(opts)
+    result["header"]["datastore"] = facts
     # prompt ids per record, for the lookup timing
     by_id: dict[tuple[str, str], list[int]] = {}
     for s in opts.sets:
@@ -304,4 +425,5 @@ def run_talon(opts: Any, hf_peers: bool = False) -> dict[str, Any]:
     t1 = curve.get("t1_ms")
     result["lookup"] = lookup_timing(recs, target, opts.datastore, t1)
     result["async"] = async_summary(result["records"])
+    result["hybrid_vs_best"] = hybrid_vs_best(result["records"])
     return result

@@ -72,7 +72,10 @@ def _chat(tok: Tokenizer, messages: Sequence[dict]) -> list[int]:
     )
 
 
-def _jsonl_docs(path: Path, tok: Tokenizer, report: CorpusReport) -> Iterator[tuple[str, list[int]]]:
+def _jsonl_docs(
+    path: Path, tok: Tokenizer, report: CorpusReport
+) -> Iterator[tuple[str, list[int], str | None]]:
+    """(text, token ids, the row's ``id`` if any) per row."""
     with open(path, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
@@ -81,19 +84,18 @@ def _jsonl_docs(path: Path, tok: Tokenizer, report: CorpusReport) -> Iterator[tu
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatastoreError(f"{path}:{n}: not JSON ({e})") from None
-            if "id" in row:
-                report.prompt_ids.append(str(row["id"]))
+            pid = str(row["id"]) if "id" in row else None
             if "messages" in row:
                 text = " ".join(m["content"] for m in row["messages"])
-                yield text, _chat(tok, row["messages"])
+                yield text, _chat(tok, row["messages"]), pid
             elif "conversations" in row:
                 msgs = [
                     {"role": _SHAREGPT_ROLES.get(c.get("from", ""), "user"), "content": c.get("value", "")}
                     for c in row["conversations"]
                 ]
-                yield " ".join(m["content"] for m in msgs), _chat(tok, msgs)
+                yield " ".join(m["content"] for m in msgs), _chat(tok, msgs), pid
             elif "text" in row:
-                yield row["text"], tok.encode(row["text"])
+                yield row["text"], tok.encode(row["text"]), pid
             else:
                 report.skipped.append(f"{path}:{n}: no messages/conversations/text field")
 
@@ -116,20 +118,22 @@ def corpus_documents(
                 return
             report.files += 1
             if f.suffix == ".jsonl":
-                docs: Iterator[tuple[str, list[int]]] = _jsonl_docs(f, tok, report)
+                docs: Iterator[tuple[str, list[int], str | None]] = _jsonl_docs(f, tok, report)
             else:
                 try:
                     text = f.read_text(encoding="utf-8")
                 except (UnicodeDecodeError, OSError):
                     report.skipped.append(f"{f}: not UTF-8 text")
                     continue
-                docs = iter([(text, tok.encode(text))]) if text.strip() else iter([])
-            for text, ids in docs:
+                docs = iter([(text, tok.encode(text), None)]) if text.strip() else iter([])
+            for text, ids, pid in docs:
                 if any(e in text for e in excl):
                     report.skipped.append(f"{f}: contains an excluded (benchmark) text")
                     continue
                 if not ids:
                     continue
+                if pid is not None:  # ids of the documents kept (checked against benchmarks)
+                    report.prompt_ids.append(pid)
                 report.documents += 1
                 report.tokens += len(ids)
                 yield ids
