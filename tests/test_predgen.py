@@ -239,3 +239,34 @@ def test_cli_json_and_wav(capsys, tmp_path):
     assert rc == 0 and json.loads(capsys.readouterr().out)["metrics"]["presynth_used"] is False
     rc = main(["predgen", "--verifier", "magic", "hello"])
     assert rc == 2 and "allowed values" in capsys.readouterr().err
+
+
+def test_bench_classifies_greedy_divergences(llama_smol):
+    """The predgen bench's exactness check: at the first token where a greedy answer differs
+    from the baseline's, plain AR's top-2 gap decides near-tie or BUG. A token changed where
+    AR is sure must be a BUG; the prompt is the one the session answered (whitespace of the
+    spoken question normalized, so a question with line breaks is checked correctly)."""
+    import numpy as np
+
+    from speclive.bench.predgen import _mark_agreement, check_greedy_exactness
+    from speclive.bench.suites import ar_logit_gap
+
+    question = "Name three colours.\nThen name\ttwo animals."
+    base, _ = simulate_user(PredictiveResponder(llama_smol, baseline=True, max_tokens=24), question)
+    ids = list(base.token_ids)
+    prompt = PredictiveResponder(llama_smol).prompt_ids(" ".join(question.split()))
+    gaps = [ar_logit_gap(llama_smol, prompt, ids, p, None)["gap_top2"] for p in range(len(ids))]
+    pos = int(np.argmax(gaps))
+    assert gaps[pos] > 1.0
+    wrong = ids[:pos] + [(ids[pos] + 1) % llama_smol.vocab_size]
+    rec = {"id": 1, "turn": 1, "question": question}
+    records = [
+        {**rec, "method": "baseline", "token_ids": ids, "first_sentence": "", "response": base.response},
+        {**rec, "method": "greedy", "token_ids": ids, "first_sentence": ""},
+        {**rec, "method": "greedy@fits", "token_ids": wrong, "first_sentence": ""},
+        {**rec, "method": "topk:3", "token_ids": wrong, "first_sentence": ""},
+    ]
+    _mark_agreement(records)
+    found = check_greedy_exactness(records, llama_smol, near_tie=0.5)
+    assert [(d["method"], d["position"], d["verdict"]) for d in found] == [("greedy@fits", pos, "bug")]
+    assert found[0]["rerun_matches_ref"]  # AR re-run on the normalized prompt reproduces the baseline

@@ -279,7 +279,8 @@ def test_bench_refuses_a_datastore_holding_benchmark_answers(tmp_path):
         return str(out)
 
     opts = SimpleNamespace(
-        sets=["mtbench", "chat-heldout"], limit=limit, backends=["llamacpp"], methods=["ar"]
+        sets=["mtbench", "chat-heldout"], limit=limit, backends=["llamacpp"], methods=["ar"],
+        target="smollm2-135m-instruct",
     )
     opts.datastore = build(tmp_path / "leaky.npz")
     with pytest.raises(ConfigError, match=f"--exclude-bench {limit}") as err:
@@ -290,3 +291,9 @@ def test_bench_refuses_a_datastore_holding_benchmark_answers(tmp_path):
 
     facts = datastore_facts(clean, [*load_prompts("mtbench", limit), *load_prompts("chat-heldout", limit)])
     assert facts["overlap_with_benchmark"] == [] and facts["corpus_prompts"] == 1
+    # a corpus without ids is checked by content: a text file quoting a benchmark question
+    (tmp_path / "answers.jsonl").unlink()
+    (tmp_path / "dump.txt").write_text(f"Q: {mt['text']}\nA: " + "An answer. " * 20)
+    opts.datastore = build(tmp_path / "no-ids.npz")
+    with pytest.raises(ConfigError, match=mt["id"]):
+        run_talon(opts)

@@ -41,6 +41,8 @@ class PredGenBenchOptions:
     max_tokens: int = 128
     tts: bool = True
     judge: str | None = None
+    #: a greedy answer may differ from the baseline's first where AR's top-2 logit gap is below this
+    near_tie: float = 0.5
     out: Path = Path("benchmarks/results")
     tag: str = "predgen"
     plot: bool = True
@@ -191,7 +193,66 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
         for rec in tqdm(records, desc="judge", unit="answer"):
             rec["score"] = judge.score(rec["question"], rec["response"])
     _mark_agreement(records)
+    header["settings"]["near_tie_gap"] = opts.near_tie
+    check_greedy_exactness(records, backend, opts.near_tie)
     return {"header": header, "summary": summarize(records, methods, opts.turns), "records": records}
+
+
+def _is_greedy(method: str) -> bool:
+    from speclive.sessions.predictive import parse_method
+
+    return method != "baseline" and parse_method(method)[0] == "greedy"
+
+
+def check_greedy_exactness(records: list[dict[str, Any]], backend: Any, near_tie: float = 0.5) -> list[dict]:
+    """Classify every greedy answer that differs from the baseline's (the engine's rule).
+
+    At the first differing token, plain AR is re-run on the baseline's prompt and answer and
+    the top-2 logit gap there is read (``bench.suites.ar_logit_gap``). Below ``near_tie`` the
+    two choices are a near-tie, which a quantized backend may flip between batch shapes (a
+    verification pass vs a one-token step); a larger gap is a BUG (a wrong mask, position or
+    cache reuse). Marks ``rec["divergence"]``; returns the divergences.
+    """
+    from speclive.bench.suites import ar_logit_gap, first_divergence
+    from speclive.sessions.predictive import SYSTEM_PROMPT
+
+    base = {(r["id"], r["turn"]): r for r in records if r["method"] == "baseline"}
+    turn1 = {r["id"]: r for r in records if r["method"] == "baseline" and r["turn"] == 1}
+    found = []
+    for r in records:
+        b = base.get((r["id"], r["turn"]))
+        if b is None or r["identical"] or not _is_greedy(r["method"]):
+            continue
+        pos = first_divergence(b["token_ids"], r["token_ids"])
+        if pos is None:
+            continue
+        msgs = [{"role": "system", "content": SYSTEM_PROMPT}]
+        if r["turn"] == 2:
+            if r["id"] not in turn1:  # the history's answer is not in this result
+                r["divergence"] = {"position": pos, "verdict": "unchecked", "why": "no turn-1 baseline"}
+                continue
+            t1 = turn1[r["id"]]
+            msgs += [
+                {"role": "user", "content": t1["question"]},
+                {"role": "assistant", "content": t1["response"]},
+            ]
+        # the simulated user speaks words: the session's prompt has its whitespace normalized
+        spoken = " ".join(r["question"].split())
+        prompt = backend.tokenizer.chat([*msgs, {"role": "user", "content": spoken}])
+        other = r["token_ids"][pos] if pos < len(r["token_ids"]) else None
+        g = ar_logit_gap(backend, prompt, b["token_ids"], pos, other)
+        d = {"id": r["id"], "turn": r["turn"], "method": r["method"], "position": pos, **g}
+        d["verdict"] = "near-tie" if g["gap_top2"] < near_tie else "bug"
+        if d["verdict"] == "bug":
+            report.loud(
+                [
+                    f"BUG: predgen {r['method']} differs from the baseline on q{r['id']} turn {r['turn']} "
+                    f"at token {pos}, where the AR top-2 logit gap is {g['gap_top2']:.3f}"
+                ]
+            )
+        r["divergence"] = d
+        found.append(d)
+    return found
 
 
 def _mark_agreement(records: list[dict[str, Any]]) -> None:
@@ -225,6 +286,15 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], turns: Sequ
                     "speedup": base_lat / lat if base_lat and lat else None,
                     "presynth": sum(r["presynth_used"] for r in rs) / len(rs),
                     "identical": sum(r["identical"] for r in rs),
+                    "near_tie": sum(r.get("divergence", {}).get("verdict") == "near-tie" for r in rs)
+                    if _is_greedy(m)
+                    else None,
+                    "bugs": sum(r.get("divergence", {}).get("verdict") == "bug" for r in rs)
+                    if _is_greedy(m)
+                    else None,
+                    "unchecked": sum(r.get("divergence", {}).get("verdict") == "unchecked" for r in rs)
+                    if _is_greedy(m)
+                    else None,
                     "same_first": sum(r["same_first_sentence"] for r in rs),
                     "score": statistics.fmean(scores) if scores else None,
                     "wait_ms": statistics.fmean(r["wait_ms"] for r in rs),
@@ -243,6 +313,9 @@ COLUMNS = [
     ("speedup", "speedup (latency)", 2),
     ("presynth", "pre-synth used", 2),
     ("identical", "identical to baseline", 0),
+    ("near_tie", "near-tie flips", 0),
+    ("bugs", "BUGS", 0),
+    ("unchecked", "differ, unchecked", 0),
     ("same_first", "same first sentence", 0),
     ("score", "judge score", 2),
     ("wait_ms", "overrun wait ms", 0),
@@ -259,7 +332,9 @@ def markdown(result: dict[str, Any]) -> str:
         "*NFETFS* = LLM passes until then (1 = the final verification accepted it, judge passes included); "
         "*audio latency* adds the first sentence's TTS time unless its pre-synthesized audio was used; "
         "*speedup* = baseline mean latency / mean latency; *identical* = answers token-identical to the "
-        "baseline's (greedy must be all); *judge* = MT-Bench single-v1 score by the judge model.",
+        "baseline's; a greedy answer that differs must differ first at a *near-tie* (plain AR's top-2 "
+        "logit gap there below the near-tie gap: a quantized backend may flip it between batch shapes), "
+        "a larger gap is a *BUG*; *judge* = MT-Bench single-v1 score by the judge model.",
         "",
     ]
     for turn in h["settings"]["turns"]:

@@ -244,6 +244,37 @@ def hybrid_vs_best(records: Sequence[Mapping[str, Any]], n_boot: int = 4000, see
     return out
 
 
+def prompts_in_datastore(
+    path: str,
+    prompts: Sequence[Mapping[str, Any]],
+    tokenizer: Any,
+    window: int = 24,
+    min_window: int = 12,
+) -> list[str]:
+    """Ids of the prompts whose text occurs verbatim in the datastore, whatever its metadata
+    says (a corpus without ids, e.g. a chat dump that happens to contain a benchmark question).
+
+    A prompt (each turn of a chat-slice prompt) is found when a ``window``-token stretch near
+    its start or its end (the whole text if shorter, at least ``min_window`` tokens) occurs in
+    the corpus; a few tokens are skipped at both ends, where tokenization depends on what
+    precedes the text.
+    """
+    from speclive.drafting.datastore import SuffixDatastore
+
+    ds = SuffixDatastore.load(path, tokenizer)
+    hits: list[str] = []
+    for p in prompts:
+        for part in str(p["text"]).split(CHAT_JOIN):
+            ids = tokenizer.encode(part)[2:-2]
+            w = min(window, ds.max_depth, len(ids))
+            if w < min_window:
+                continue  # too short to tell a quotation from a common phrase
+            if any(ds.match(x, w).length >= w for x in (ids[:w], ids[-w:])):
+                hits.append(str(p["id"]))
+                break
+    return hits
+
+
 def datastore_facts(path: str | None, prompts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if not path:
         return {"path": None}
@@ -398,14 +429,21 @@ def run_talon(opts: Any, hf_peers: bool = False) -> dict[str, Any]:
         opts.backend_methods["hf"] = list(HF_PEER_METHODS)
     prompts = [p for s in opts.sets for p in load_prompts(s, opts.limit)]
     facts = datastore_facts(opts.datastore, prompts)
-    if facts.get("overlap_with_benchmark"):
-        from speclive.errors import ConfigError
+    if opts.datastore:
+        from speclive.loader import tokenizer_for
+        from speclive.models.resolve import resolve
 
-        raise ConfigError(
-            f"the datastore {opts.datastore} holds the model's answers to benchmark prompts "
-            f"({', '.join(facts['overlap_with_benchmark'])}): retrieval would copy them. Rebuild it "
-            f"with `speclive datastore build ... --exclude-bench {opts.limit or 0}`"
-        )
+        found = prompts_in_datastore(opts.datastore, prompts, tokenizer_for(resolve(opts.target)))
+        facts["prompts_in_corpus"] = found
+        leaked = sorted({*facts.get("overlap_with_benchmark", []), *found})
+        if leaked:
+            from speclive.errors import ConfigError
+
+            raise ConfigError(
+                f"the datastore {opts.datastore} holds benchmark prompts or the model's answers to "
+                f"them ({', '.join(leaked)}): retrieval would copy them. Rebuild it with "
+                f"`speclive datastore build ... --exclude-bench {opts.limit or 0}`"
+            )
     result = run_decode_bench(opts)
     result["header"]["datastore"] = facts
     # prompt ids per record, for the lookup timing
