@@ -173,6 +173,13 @@ def test_a_stable_first_sentence_is_presynthesized_even_when_it_overruns(hf_smol
         resp = s.finish(prompt)
         assert resp.presynth_used == stable
         s.close()
+    # ``presynth_eager`` (bench option ``@eager``): synthesized the first time it is seen
+    s = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False, presynth_eager=True)
+    s._synth_per_char = 10.0
+    u1 = s.update(prompt, deadline=time.perf_counter() + 60)
+    assert u1.first_sentence and u1.resynthesized and s.presynth is not None
+    assert s.finish(prompt).presynth_used
+    s.close()
 
 
 def test_simulated_user_passes_the_next_arrival_as_deadline():

@@ -140,8 +140,8 @@ def add_bench_parser(subparsers: Any) -> None:
         type=_csv,
         default=["baseline", "greedy", "topk:3", "reflection"],
         help="baseline and verifiers (greedy, topk:K, reflection), each optionally with options "
-        "@sentence|@chunks (how the first sentence is verified) and @fits (pre-synthesize only what "
-        "fits before the next word)",
+        "@sentence|@chunks (how the first sentence is verified), @fits (pre-synthesize only what "
+        "fits before the next word) and @eager (every new first sentence at once)",
     )
     g.add_argument("--turns", type=_ints, default=[1, 2])
     g.add_argument("--limit", type=int, default=20, help="MT-Bench questions (spread over the 80)")

@@ -64,6 +64,10 @@ class PredGenConfig:
     #: when the synthesis will overrun the next word (it delays that update, never loses input).
     #: Off, a long sentence whose synthesis takes longer than a word is never pre-synthesized.
     presynth_stable: bool = True
+    #: pre-synthesize every new first sentence at once, even one seen for the first time whose
+    #: synthesis overruns the next word (a sentence produced by the last update before the user
+    #: stops otherwise reaches ``finish`` without audio although the final verification keeps it)
+    presynth_eager: bool = False
     #: how the candidate's first sentence is verified: "sentence" = all of it in one pass (the
     #: paper), "chunks" = cost-curve-sized chunks, which stop at the first rejected chunk
     #: instead of paying for a whole long sentence rejected early. Measured on 12 MT-Bench
@@ -110,8 +114,9 @@ class PredGenResponse:
 
 
 #: method options after '@' besides FIRST_PASS: "fits" = pre-synthesize only what fits before
-#: the next word (``presynth_stable=False``)
-METHOD_OPTIONS = (*FIRST_PASS, "fits")
+#: the next word (``presynth_stable=False``); "eager" = every new first sentence
+#: (``presynth_eager=True``)
+METHOD_OPTIONS = (*FIRST_PASS, "fits", "eager")
 
 
 def parse_method(method: str) -> tuple[str, dict]:
@@ -125,6 +130,8 @@ def parse_method(method: str) -> tuple[str, dict]:
             kw["first_pass"] = o
         elif o == "fits":
             kw["presynth_stable"] = False
+        elif o == "eager":
+            kw["presynth_eager"] = True
         else:
             allowed = ", ".join(METHOD_OPTIONS)
             raise ConfigError(f"invalid option {o!r} in method {method!r}; allowed after '@': {allowed}")
@@ -337,7 +344,8 @@ class PredictiveResponder:
         # delaying the next update for (the new words wait, as during any long update)
         stable = self.cfg.presynth_stable and bool(r["first"]) and r["first"] == self._last_first
         self._last_first = r["first"]
-        if r["first"] and (fits or stable) and (self.presynth is None or self.presynth[0] != r["first"]):
+        wanted = fits or stable or self.cfg.presynth_eager
+        if r["first"] and wanted and (self.presynth is None or self.presynth[0] != r["first"]):
             audio = self._synthesize(r["first"])
             if audio is not None:
                 self.presynth = (r["first"], audio)
