@@ -66,7 +66,10 @@ class PredGenConfig:
     presynth_stable: bool = True
     #: pre-synthesize every new first sentence at once, even one seen for the first time whose
     #: synthesis overruns the next word (a sentence produced by the last update before the user
-    #: stops otherwise reaches ``finish`` without audio although the final verification keeps it)
+    #: stops otherwise reaches ``finish`` without audio although the final verification keeps it).
+    #: Off: on 40 MT-Bench questions it made greedy slower, 1.46x vs 1.72x
+    #: (predgen-qwen0.5b-llamacpp-turn1-40q-eager): the syntheses delay the updates, and the
+    #: wait at the end of the input grew more than the TTS time it saved
     presynth_eager: bool = False
     #: how the candidate's first sentence is verified: "sentence" = all of it in one pass (the
     #: paper), "chunks" = cost-curve-sized chunks, which stop at the first rejected chunk
