@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from speclive.bench.predgen import _mark_agreement, check_greedy_exactness, plot, summarize, write_outputs
+    from speclive.bench.predgen import _mark_agreement, check_greedy_exactness, summarize, write_outputs
     from speclive.loader import load_backend
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     h["settings"]["near_tie_gap"] = args.near_tie
     h["settings"]["near_tie_check"] = "added afterwards by benchmarks/predgen_exactness.py"
     result["summary"] = summarize(records, h["methods"], h["settings"]["turns"])
-    write_outputs(result, args.result.parent, args.result.stem, plot_it=plot is not None)
+    write_outputs(result, args.result.parent, args.result.stem)
     bugs = [d for d in found if d["verdict"] == "bug"]
     for d in found:
         where = f"q{d['id']} t{d['turn']} {d['method']}: token {d['position']}"

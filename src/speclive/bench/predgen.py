@@ -137,10 +137,7 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
             question = (q1 if turn == 1 else q2)[i]
             history: list[dict[str, str]] = []
             if turn == 2:
-                history = [
-                    {"role": "user", "content": q1[i]["prompt"]},
-                    {"role": "assistant", "content": turn1_answer or ""},
-                ]
+                history = turn2_history(q1[i]["prompt"], turn1_answer or "")
             order = ["baseline"] + [m for m in methods if m != "baseline"]  # the baseline first: turn 2
             rest = order[1:]
             order = order[:1] + rest[n % max(1, len(rest)) :] + rest[: n % max(1, len(rest))]
@@ -198,6 +195,11 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
     return {"header": header, "summary": summarize(records, methods, opts.turns), "records": records}
 
 
+def turn2_history(question: str, answer: str) -> list[dict[str, str]]:
+    """Turn 2's history: the turn-1 question and the baseline's answer (every method alike)."""
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+
+
 def _is_greedy(method: str) -> bool:
     from speclive.sessions.predictive import parse_method
 
@@ -214,7 +216,7 @@ def check_greedy_exactness(records: list[dict[str, Any]], backend: Any, near_tie
     cache reuse). Marks ``rec["divergence"]``; returns the divergences.
     """
     from speclive.bench.suites import ar_logit_gap, first_divergence
-    from speclive.sessions.predictive import SYSTEM_PROMPT
+    from speclive.sessions.predictive import chat_prompt
 
     base = {(r["id"], r["turn"]): r for r in records if r["method"] == "baseline"}
     turn1 = {r["id"]: r for r in records if r["method"] == "baseline" and r["turn"] == 1}
@@ -226,19 +228,14 @@ def check_greedy_exactness(records: list[dict[str, Any]], backend: Any, near_tie
         pos = first_divergence(b["token_ids"], r["token_ids"])
         if pos is None:
             continue
-        msgs = [{"role": "system", "content": SYSTEM_PROMPT}]
+        history = []
         if r["turn"] == 2:
             if r["id"] not in turn1:  # the history's answer is not in this result
                 r["divergence"] = {"position": pos, "verdict": "unchecked", "why": "no turn-1 baseline"}
                 continue
-            t1 = turn1[r["id"]]
-            msgs += [
-                {"role": "user", "content": t1["question"]},
-                {"role": "assistant", "content": t1["response"]},
-            ]
+            history = turn2_history(turn1[r["id"]]["question"], turn1[r["id"]]["response"])
         # the simulated user speaks words: the session's prompt has its whitespace normalized
-        spoken = " ".join(r["question"].split())
-        prompt = backend.tokenizer.chat([*msgs, {"role": "user", "content": spoken}])
+        prompt = chat_prompt(backend.tokenizer, " ".join(r["question"].split()), history)
         other = r["token_ids"][pos] if pos < len(r["token_ids"]) else None
         g = ar_logit_gap(backend, prompt, b["token_ids"], pos, other)
         d = {"id": r["id"], "turn": r["turn"], "method": r["method"], "position": pos, **g}
@@ -286,15 +283,13 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], turns: Sequ
                     "speedup": base_lat / lat if base_lat and lat else None,
                     "presynth": sum(r["presynth_used"] for r in rs) / len(rs),
                     "identical": sum(r["identical"] for r in rs),
-                    "near_tie": sum(r.get("divergence", {}).get("verdict") == "near-tie" for r in rs)
-                    if _is_greedy(m)
-                    else None,
-                    "bugs": sum(r.get("divergence", {}).get("verdict") == "bug" for r in rs)
-                    if _is_greedy(m)
-                    else None,
-                    "unchecked": sum(r.get("divergence", {}).get("verdict") == "unchecked" for r in rs)
-                    if _is_greedy(m)
-                    else None,
+                    # differing greedy answers by verdict (check_greedy_exactness)
+                    **{
+                        key: sum(r.get("divergence", {}).get("verdict") == v for r in rs)
+                        if _is_greedy(m)
+                        else None
+                        for key, v in (("near_tie", "near-tie"), ("bugs", "bug"), ("unchecked", "unchecked"))
+                    },
                     "same_first": sum(r["same_first_sentence"] for r in rs),
                     "score": statistics.fmean(scores) if scores else None,
                     "wait_ms": statistics.fmean(r["wait_ms"] for r in rs),

@@ -216,6 +216,8 @@ def hybrid_vs_best(records: Sequence[Mapping[str, Any]], n_boot: int = 4000, see
     Verdict per set: ``faster`` (ratio >= 1), ``within noise`` (below 1 but its interval
     reaches 1) or ``slower``.
     """
+    from speclive.bench.suites import method_base
+
     out: dict[str, Any] = {}
     sets = list(dict.fromkeys(r["set"] for r in records))
     for s in sets:
@@ -238,7 +240,7 @@ def hybrid_vs_best(records: Sequence[Mapping[str, Any]], n_boot: int = 4000, see
         entry["replicas"] = [
             c
             for m in by
-            if "#" in m and (c := _ratio_ci(by, m, m.split("#", 1)[0], n_boot, seed)) is not None
+            if m != method_base(m) and (c := _ratio_ci(by, m, method_base(m), n_boot, seed)) is not None
         ]
         out[s] = entry
     return out

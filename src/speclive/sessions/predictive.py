@@ -141,6 +141,15 @@ def parse_method(method: str) -> tuple[str, dict]:
     return verifier, kw
 
 
+def chat_prompt(
+    tok, partial: str, history: list[dict[str, str]] | None = None, system: str = SYSTEM_PROMPT
+) -> list[int]:
+    """Token ids of the session's chat prompt for the user text ``partial`` (the system prompt,
+    the earlier turns, then the user turn)."""
+    msgs = [{"role": "system", "content": system}, *(history or [])]
+    return tok.chat([*msgs, {"role": "user", "content": partial}])
+
+
 def _parse_verifier(spec: str):
     name, _, arg = spec.strip().lower().partition(":")
     if name == "greedy" and not arg:
@@ -200,8 +209,7 @@ class PredictiveResponder:
     def prompt_ids(self, partial: str) -> list[int]:
         """The chat prompt; the system prompt is there for the final prompt too (and for the
         baseline), so greedy PredGen and the cascade answer the very same prompt."""
-        msgs = [{"role": "system", "content": self.cfg.system}, *self.history]
-        return self.tok.chat([*msgs, {"role": "user", "content": partial}])
+        return chat_prompt(self.tok, partial, self.history, self.cfg.system)
 
     def _answer_ids(self, word: str) -> list[int]:
         ids = {self.tok.encode(w)[0] for w in (word, word.capitalize(), " " + word) if self.tok.encode(w)}
