@@ -154,3 +154,42 @@ def test_int8_draft_tracks_float32(wb, prefix):
     assert len(shallow.layers) == 2 and shallow.head is not wb.head
     row = shallow.extend(shallow.new_state(), prefix)[-1]
     assert np.isfinite(row).any()
+
+
+def test_encode_window_equals_transformers_encoder_over_the_full_window(wb):
+    """The trimmed-window encoder is transformers' encoder: over all 1500 frames it gives the
+    same output (so a trimmed draft differs only by the frames it drops)."""
+    import torch
+
+    audio = clips_16k()[0][1]
+    feats = wb.feature_extractor(audio, sampling_rate=16_000, return_tensors="pt").input_features
+    with torch.inference_mode():
+        want = wb.model.model.encoder(feats).last_hidden_state[0]
+        got = wb.encode_window(feats, 1500)
+        part = wb.encode_window(feats, 200)
+    assert got.shape == want.shape == (1500, 384)
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+    assert part.shape == (200, 384)
+
+
+def test_trimmed_draft_encodes_only_the_audio(wb, prefix):
+    """``audio_margin_s``: the encoder and the cross-attention span the audio plus the margin;
+    a target-shaped backend never trims; a negative margin is refused."""
+    from speclive.asr.whisper import WhisperBackend
+    from speclive.errors import ConfigError
+
+    audio = clips_16k()[0][1]
+    trimmed = WhisperBackend(wb.model, wb.tokenizer, wb.specials, audio_margin_s=0.5)
+    frames = int(np.ceil((len(audio) + 8000) / 320))
+    assert trimmed.encoder_frames(len(audio)) == frames < 1500
+    assert trimmed.encoder_frames(40 * 16_000) == 1500  # capped at the window
+    assert wb.encoder_frames(len(audio)) == 1500
+    trimmed.set_audio(audio)
+    assert trimmed.context is not wb.context
+    assert trimmed.context.cross_k[0].shape[-1] == frames
+    assert "/ctx+0.5s" in trimmed.name
+    # a good draft still: the trimmed model's greedy next tokens mostly agree with the full one's
+    got, want = _fresh(trimmed, prefix), _fresh(wb, prefix)
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.7
+    with pytest.raises(ConfigError):
+        WhisperBackend(wb.model, wb.tokenizer, wb.specials, audio_margin_s=-1.0)

@@ -100,3 +100,14 @@ def test_cost_stop_shortens_the_trunk_when_verification_rows_are_expensive():
     assert trunk(True, linear) < trunk(True, flat)
     assert trunk(True, linear) <= 1
     assert trunk(True, flat, spike=True) == trunk(True, flat) >= 2
+
+
+def test_trimmed_draft_rows_follow_the_margin():
+    """The draft-audio rows come in pairs (plain SD and full SpecASR, so "best SD" has the same
+    draft), only for a separate draft model and only when a margin is given."""
+    rows = default_variants("whisper-tiny.en", None, draft_margin_s=0.5)
+    trimmed = [v for v in rows if v.draft_margin_s is not None]
+    assert [(v.method, v.draft_margin_s) for v in trimmed] == [("sd", 0.5), ("specasr", 0.5)]
+    assert "+0.5 s" in trimmed[1].label and trimmed[1].specasr["sparse_tree"]
+    assert all(v.draft_margin_s is None for v in default_variants("whisper-tiny.en", None, None))
+    assert all(v.draft_margin_s is None for v in default_variants("self:2", None, 1.0))

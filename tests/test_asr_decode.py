@@ -73,6 +73,26 @@ def test_bridged_drafter_is_identical_and_accepts(ar_results):
     assert forwards < 0.5 * sum(r.stats.target_forwards for r in ar_results)  # drafts were accepted
 
 
+def test_trimmed_audio_draft_is_identical_and_accepts(ar_results):
+    """A draft that encodes only the audio plus 1 s (its own audio context, fewer frames) keeps
+    the transcript identical and still drafts well."""
+    from speclive.asr.whisper import WhisperBackend
+
+    t = tiny()
+    draft = WhisperBackend(t.model, t.tokenizer, t.specials, audio_margin_s=1.0, _layers=t.all_layers)
+    tr = Transcriber(
+        TranscribeConfig(model="whisper-tiny.en", method="specasr"), target=t, draft_backend=draft
+    )
+    forwards = 0
+    for (_, audio), ref in zip(clips_16k(), ar_results, strict=True):
+        got = tr.transcribe(audio)
+        assert got.token_ids == ref.token_ids, (got.text, ref.text)
+        assert draft.context.cross_k[0].shape[-1] < 1500
+        forwards += got.stats.target_forwards
+    assert forwards < 0.6 * sum(r.stats.target_forwards for r in ar_results)
+    tr.close()
+
+
 #: logit gap under which CTranslate2 and the converted model may pick different tokens: the two
 #: runtimes use different mel front ends and GEMM kernels, which moves logits by a few tenths
 #: on synthesized speech (locally "quick" beat its runner-up by 0.57 and "The" by 0.35; one CI

@@ -54,6 +54,12 @@ class TranscribeConfig:
     #: quantize the draft's decoder projections and LM head to int8 (the target stays float32
     #: and verifies every token, so only acceptance can change; drafting gets several times cheaper)
     draft_int8: bool = True
+    #: a separate draft model encodes only the audio plus this margin (seconds), not Whisper's
+    #: full 30 s window, so its encoder and every draft step's cross-attention run over a few
+    #: hundred frames instead of 1500 (whisper.cpp's ``audio_ctx``). The target always encodes
+    #: the full window and verifies every token, so only acceptance can change. None: full window.
+    #: Self-drafts share the target's encoder output and ignore it.
+    draft_audio_margin_s: float | None = 1.0
     #: draft length of plain SD
     sd_len: int = 8
     #: SpecASR switches (defaults: every technique on)
@@ -150,7 +156,11 @@ class Transcriber:
             n = int(spec.split(":", 1)[1]) if ":" in spec else self.cfg.self_layers
             return self.target.shallow(n, vocab_limit=self.cfg.self_vocab, int8=self.cfg.draft_int8)
         return load_whisper(
-            spec, threads=self.cfg.threads, vocab_limit=self.cfg.draft_vocab, int8=self.cfg.draft_int8
+            spec,
+            threads=self.cfg.threads,
+            vocab_limit=self.cfg.draft_vocab,
+            int8=self.cfg.draft_int8,
+            audio_margin_s=self.cfg.draft_audio_margin_s,
         )
 
     def _make_drafter(self, draft: WhisperBackend) -> Drafter:

@@ -166,6 +166,7 @@ class WhisperBackend(Backend):
         context: AudioContext | None = None,
         vocab_limit: int | None = None,
         int8: bool = False,
+        audio_margin_s: float | None = None,
         _layers: list[_Layer] | None = None,
         _head: DualLinear | _Int8Linear | None = None,
     ):
@@ -219,6 +220,14 @@ class WhisperBackend(Backend):
                 self.head = _linear(head_w, None, torch, int8)
         if int8:
             self.name += "/int8"
+        if audio_margin_s is not None and audio_margin_s < 0:
+            raise ConfigError(f"audio_margin_s must be >= 0, got {audio_margin_s}")
+        #: None: encode Whisper's full 30 s window (the model's trained input). A number
+        #: (drafts only): encode only the audio plus this much padding, so the encoder and
+        #: every decoder step's cross-attention run over those frames, not 1500
+        self.audio_margin_s = audio_margin_s
+        if audio_margin_s is not None:
+            self.name += f"/ctx+{audio_margin_s:g}s"
         self.context = context or AudioContext()
         self.prompt_len = len(specials.prompt)
         self._suppress = torch.tensor(sorted(set(specials.suppress)), dtype=torch.long)
@@ -267,7 +276,7 @@ class WhisperBackend(Backend):
             np.asarray(audio, dtype=np.float32), sampling_rate=16_000, return_tensors="pt"
         ).input_features
         with torch.inference_mode():
-            enc = self.model.model.encoder(feats.to(self.embed.dtype)).last_hidden_state[0]
+            enc = self._encode(feats.to(self.embed.dtype), len(audio))
             ctx = self.context
             ctx.encoder_out = enc
             ctx.cross_k, ctx.cross_v = [], []
@@ -286,6 +295,36 @@ class WhisperBackend(Backend):
             st.pending = st.pending_parents = None
         ctx.encode_s = time.perf_counter() - t0
         return ctx.encode_s
+
+    def encoder_frames(self, n_samples: int) -> int:
+        """Encoder frames this backend encodes for ``n_samples`` of 16 kHz audio."""
+        full = int(self.model.config.max_source_positions)
+        if self.audio_margin_s is None:
+            return full
+        # 160 samples per mel frame, two mel frames per encoder frame (conv stride 2)
+        need = int(np.ceil((n_samples + self.audio_margin_s * 16_000) / 320.0))
+        return max(1, min(full, need))
+
+    def _encode(self, feats: Any, n_samples: int) -> Any:
+        """Encoder output ``[frames, d_model]``: transformers' encoder over the whole window,
+        or ``encode_window`` when ``audio_margin_s`` trims it."""
+        frames = self.encoder_frames(n_samples)
+        if frames == int(self.model.config.max_source_positions):
+            return self.model.model.encoder(feats).last_hidden_state[0]
+        return self.encode_window(feats, frames)
+
+    def encode_window(self, feats: Any, frames: int) -> Any:
+        """The encoder over the first ``2 * frames`` mel frames only (whisper.cpp's
+        ``audio_ctx``): the same convolutions, the first ``frames`` positional embeddings and the
+        same layers, which take any length (transformers' forward insists on 3000 mel frames)."""
+        enc = self.model.model.encoder
+        F = self.F
+        x = F.gelu(enc.conv1(feats[..., : 2 * frames]))
+        x = F.gelu(enc.conv2(x)).permute(0, 2, 1)
+        x = x + enc.embed_positions.weight[: x.shape[1]]
+        for layer in enc.layers:
+            x = layer(x, None)
+        return enc.layer_norm(x)[0]
 
     # ---- protocol -------------------------------------------------------------------
     def new_state(self) -> WhisperState:
@@ -433,11 +472,13 @@ def load_whisper(
     threads: int | None = None,
     vocab_limit: int | None = None,
     int8: bool = False,
+    audio_margin_s: float | None = None,
 ) -> WhisperBackend:
     """A Whisper backend from a registry name, a CTranslate2 or HF folder, or a hub id.
 
     ``vocab_limit`` (drafts only) scores just the most frequent ids plus the special tokens;
-    ``int8`` (drafts only) quantizes the decoder's projections and LM head to int8.
+    ``int8`` (drafts only) quantizes the decoder's projections and LM head to int8;
+    ``audio_margin_s`` (drafts only) encodes just the audio plus that margin, not 30 s.
     """
     import torch
 
@@ -478,4 +519,5 @@ def load_whisper(
         name=name or ref.name,
         vocab_limit=vocab_limit,
         int8=int8,
+        audio_margin_s=audio_margin_s,
     )

@@ -47,10 +47,17 @@ class Variant:
     draft: str = ""
     sd_len: int = 8
     specasr: dict[str, Any] = field(default_factory=dict)
+    #: a separate draft encodes only the audio plus this margin (s); None: the full 30 s window
+    draft_margin_s: float | None = None
 
 
-def default_variants(draft: str, self_draft: str | None) -> list[Variant]:
-    """The ablation ladder (paper Table II) for one draft, plus a shorter one for the self-draft."""
+def default_variants(draft: str, self_draft: str | None, draft_margin_s: float | None = 1.0) -> list[Variant]:
+    """The ablation ladder (paper Table II) for one draft, plus a shorter one for the self-draft.
+
+    With ``draft_margin_s`` two rows are added: the draft encoding only the audio plus that
+    margin, for plain SD (so "best SD" has it too) and for SpecASR with every technique.
+    """
+    every = dict(recycle=True, cost_stop=True, sparse_tree=True)
     out = [
         Variant("faster-whisper AR", "faster-whisper"),
         Variant("AR", "ar"),
@@ -65,13 +72,21 @@ def default_variants(draft: str, self_draft: str | None) -> list[Variant]:
             draft,
             specasr=dict(recycle=True, cost_stop=True, sparse_tree=True, tree_verify=False),
         ),
-        Variant(
-            "+ sparse tree + tree verify",
-            "specasr",
-            draft,
-            specasr=dict(recycle=True, cost_stop=True, sparse_tree=True),
-        ),
+        Variant("+ sparse tree + tree verify", "specasr", draft, specasr=every),
     ]
+    if draft_margin_s is not None and not draft.startswith("self"):
+        out += [
+            Variant(
+                f"SD (8,1), draft audio +{draft_margin_s:g} s", "sd", draft, 8, draft_margin_s=draft_margin_s
+            ),
+            Variant(
+                f"+ draft audio +{draft_margin_s:g} s",
+                "specasr",
+                draft,
+                specasr=every,
+                draft_margin_s=draft_margin_s,
+            ),
+        ]
     if self_draft:
         out += [
             Variant(f"SD (8,1) {self_draft}", "sd", self_draft, 8),
@@ -79,7 +94,7 @@ def default_variants(draft: str, self_draft: str | None) -> list[Variant]:
                 f"SpecASR {self_draft}",
                 "specasr",
                 self_draft,
-                specasr=dict(recycle=True, cost_stop=True, sparse_tree=True),
+                specasr=every,
             ),
         ]
     return out
@@ -146,6 +161,7 @@ def run_asr_bench(
     draft: str = "whisper-tiny.en",
     self_draft: str | None = "self:2",
     n_piper: int = 5,
+    draft_margin_s: float | None = 1.0,
     curve_ks: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64),
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -161,20 +177,31 @@ def run_asr_bench(
     audio_s = sum(c.seconds for c in clips)
     log(f"{len(clips)} clips, {audio_s:.1f} s of audio")
     target = load_whisper(model)
-    drafts: dict[str, Any] = {}
-    variants = default_variants(draft, self_draft)
+    drafts: dict[tuple[str, float | None], Any] = {}
+    variants = default_variants(draft, self_draft, draft_margin_s)
     rows: list[dict[str, Any]] = []
     ar_ids: dict[str, list[int]] = {}
     for v in variants:
         spec = SpecASRConfig(**v.specasr)
         cfg = TranscribeConfig(
-            model=model, method=v.method, draft=v.draft or "self", sd_len=v.sd_len, specasr=spec
+            model=model,
+            method=v.method,
+            draft=v.draft or "self",
+            sd_len=v.sd_len,
+            specasr=spec,
+            draft_audio_margin_s=v.draft_margin_s,
         )
         dback = None
         if v.draft and not v.draft.startswith("self"):
-            if v.draft not in drafts:
-                drafts[v.draft] = load_whisper(v.draft, vocab_limit=cfg.draft_vocab, int8=cfg.draft_int8)
-            dback = drafts[v.draft]
+            key = (v.draft, v.draft_margin_s)
+            if key not in drafts:
+                drafts[key] = load_whisper(
+                    v.draft,
+                    vocab_limit=cfg.draft_vocab,
+                    int8=cfg.draft_int8,
+                    audio_margin_s=v.draft_margin_s,
+                )
+            dback = drafts[key]
         tr = Transcriber(cfg, target=None if v.method == "faster-whisper" else target, draft_backend=dback)
         tr.transcribe(clips[0].audio)  # warm-up (also loads faster-whisper)
         tot = {"decode_ms": 0.0, "draft_ms": 0.0, "verify_ms": 0.0, "encode_ms": 0.0, "draft_encode_ms": 0.0}

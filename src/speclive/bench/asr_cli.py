@@ -14,11 +14,27 @@ def add_asr_bench_parser(sub: Any) -> None:
     a.add_argument("--draft", default="whisper-tiny.en", help="draft model (other vocabularies are bridged)")
     a.add_argument("--self-draft", default="self:2", help="also run a shallow self-draft ('' = skip)")
     a.add_argument("--piper", type=int, default=5, help="Piper-synthesized MT-Bench sentences")
+    a.add_argument(
+        "--draft-margin",
+        type=_margin,
+        default=1.0,
+        help="also run rows with the draft encoding only the audio plus this many seconds "
+        "('none' = skip those rows)",
+    )
     a.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     a.add_argument("--tag", default=None, help="result file stem suffix (default: <model>)")
     a.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     a.add_argument("--no-plot", action="store_true")
     a.set_defaults(func=cmd_asr_bench)
+
+
+def _margin(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"the draft audio margin must be >= 0 seconds, got {text}")
+    return value
 
 
 def cmd_asr_bench(args: argparse.Namespace) -> int:
@@ -28,7 +44,8 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
     tag = args.tag or args.model
     command = (
         f"flock /tmp/speclive-cpu.lock speclive bench asr --model {args.model} --draft {args.draft} "
-        f"--self-draft '{args.self_draft}' --piper {args.piper} --tag {tag}"
+        f"--self-draft '{args.self_draft}' --piper {args.piper} "
+        f"--draft-margin {'none' if args.draft_margin is None else f'{args.draft_margin:g}'} --tag {tag}"
     )
     if args.threads:
         import torch
@@ -36,7 +53,12 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
         command += f" --threads {args.threads}"
     result = run_asr_bench(
-        args.model, args.draft, args.self_draft or None, args.piper, log=lambda m: print(m, file=sys.stderr)
+        args.model,
+        args.draft,
+        args.self_draft or None,
+        args.piper,
+        draft_margin_s=args.draft_margin,
+        log=lambda m: print(m, file=sys.stderr),
     )
     result["header"] = {
         "machine": machine_info(),
@@ -47,7 +69,12 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
             "decoding": "greedy, no timestamps, Whisper suppression rules",
             "specasr": "threshold 0.4, max_len 24, <=3 branches of <=3 tokens, match window +-1, "
             "cost-aware stop on the measured target cost curve (from its row on)",
-            "draft": "int8 decoder projections and LM head, full vocabulary (target float32)",
+            "draft": "int8 decoder projections and LM head, full vocabulary (target float32); "
+            + (
+                "full 30 s audio window"
+                if args.draft_margin is None
+                else f"full 30 s window, or audio + {args.draft_margin:g} s where the row says so"
+            ),
         },
         "skipped": [
             "transformers assistant_model: base and tiny.en have different vocabularies (51865 vs 51864)"
