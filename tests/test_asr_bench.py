@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from asr_fixtures import tiny
 
 from speclive.bench.asr import COLUMNS, _norm, default_variants, markdown, plot
@@ -111,3 +112,15 @@ def test_trimmed_draft_rows_follow_the_margin():
     assert "+0.5 s" in trimmed[1].label and trimmed[1].specasr["sparse_tree"]
     assert all(v.draft_margin_s is None for v in default_variants("whisper-tiny.en", None, None))
     assert all(v.draft_margin_s is None for v in default_variants("self:2", None, 1.0))
+
+
+def test_draft_margin_argument():
+    import argparse
+
+    from speclive.asr.cli import parse_margin
+
+    assert parse_margin("none") is None and parse_margin("NONE") is None
+    assert parse_margin("1.5") == 1.5 and parse_margin("0") == 0.0
+    for bad in ("-1", "soon"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_margin(bad)

@@ -20,6 +20,13 @@ def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--method", default="specasr", choices=METHODS, help="decoding method")
     p.add_argument("--sd-len", type=int, default=8, help="draft length of plain SD (--method sd)")
+    p.add_argument(
+        "--draft-margin",
+        type=parse_margin,
+        default=1.0,
+        help="a separate draft model encodes only the audio plus this many seconds "
+        "('none' = Whisper's full 30 s window; the target always encodes the full window)",
+    )
     p.add_argument("--stream", action="store_true", help="stream 1 s chunks with LocalAgreement-2")
     p.add_argument("--step", type=float, default=1.0, help="seconds per streaming step")
     p.add_argument("--vad", action="store_true", help="skip streaming passes without speech (Silero VAD)")
@@ -29,6 +36,19 @@ def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_transcribe)
 
 
+def parse_margin(text: str) -> float | None:
+    """``--draft-margin`` value: seconds >= 0, or 'none' for the full window."""
+    if text.lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'none', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"the draft audio margin must be >= 0 seconds, got {text}")
+    return value
+
+
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from speclive.asr.audio import load_audio
     from speclive.asr.streaming import StreamConfig, stream_file, transcriber_recognizer
@@ -36,7 +56,12 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
     audio = load_audio(args.file)  # fail on bad input before loading any model
     cfg = TranscribeConfig(
-        model=args.model, method=args.method, draft=args.draft, sd_len=args.sd_len, threads=args.threads
+        model=args.model,
+        method=args.method,
+        draft=args.draft,
+        sd_len=args.sd_len,
+        threads=args.threads,
+        draft_audio_margin_s=args.draft_margin,
     )
     tr = Transcriber(cfg)
     if args.stream:

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from speclive.asr.cli import parse_margin
+
 
 def add_asr_bench_parser(sub: Any) -> None:
     a = sub.add_parser("asr", help="Whisper: AR vs plain SD vs SpecASR ablation, WER, cost curve")
@@ -16,7 +18,7 @@ def add_asr_bench_parser(sub: Any) -> None:
     a.add_argument("--piper", type=int, default=5, help="Piper-synthesized MT-Bench sentences")
     a.add_argument(
         "--draft-margin",
-        type=_margin,
+        type=parse_margin,
         default=1.0,
         help="also run rows with the draft encoding only the audio plus this many seconds "
         "('none' = skip those rows)",
@@ -26,15 +28,6 @@ def add_asr_bench_parser(sub: Any) -> None:
     a.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     a.add_argument("--no-plot", action="store_true")
     a.set_defaults(func=cmd_asr_bench)
-
-
-def _margin(text: str) -> float | None:
-    if text.lower() == "none":
-        return None
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"the draft audio margin must be >= 0 seconds, got {text}")
-    return value
 
 
 def cmd_asr_bench(args: argparse.Namespace) -> int:
