@@ -1,0 +1,56 @@
+"""``benchmarks/predgen_judge.py``: scores paired by question, agreement, the report."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "predgen_judge.py"
+
+
+@pytest.fixture(scope="module")
+def pj():
+    spec = importlib.util.spec_from_file_location("predgen_judge", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_paired_difference_interval(pj):
+    same = pj.paired_difference([5, 6, 7], [5, 6, 7])
+    assert same == {"mean": 0.0, "lo": 0.0, "hi": 0.0}
+    d = pj.paired_difference([8, 9, 7, 8], [6, 7, 5, 6])  # always +2
+    assert d["mean"] == d["lo"] == d["hi"] == 2.0
+    noisy = pj.paired_difference([9, 1, 8, 2, 7], [5, 5, 5, 5, 5])
+    assert noisy["lo"] < noisy["mean"] < noisy["hi"]
+
+
+def test_summary_pairs_by_question_and_counts_unscored(pj):
+    recs = [
+        {"id": 1, "method": "baseline", "score": 6.0, "identical": True},
+        {"id": 2, "method": "baseline", "score": 8.0, "identical": True},
+        {"id": 1, "method": "topk:3", "score": 5.0, "identical": False},
+        {"id": 2, "method": "topk:3", "score": None, "identical": True},
+    ]
+    rows = {r["method"]: r for r in pj.summarize(recs, ["baseline", "topk:3"])}
+    assert rows["baseline"]["mean_score"] == 7.0 and "vs_baseline" not in rows["baseline"]
+    t = rows["topk:3"]
+    assert (t["answers"], t["scored"], t["identical_to_baseline"]) == (2, 1, 1)
+    assert t["vs_baseline"]["mean"] == -1.0  # only question 1 has both scores
+    result = {
+        "header": {
+            "source": "x.json",
+            "source_command": "speclive bench predgen",
+            "judge": "j",
+            "backend": "llamacpp",
+            "questions": 2,
+            "ids": [1, 2],
+            "machine": {},
+            "command": "python benchmarks/predgen_judge.py x.json",
+        },
+        "summary": pj.summarize(recs, ["baseline", "topk:3"]),
+    }
+    md = pj.markdown(result)
+    assert "| topk:3 | 2 | 5.00 | -1.00 [-1.00, -1.00] | 1 | 1 |" in md
