@@ -49,6 +49,7 @@ def summarize(records: list[dict[str, Any]], methods: list[str]) -> list[dict[st
             "scored": len(scored),
             "mean_score": float(np.mean([r["score"] for r in scored])) if scored else None,
             "identical_to_baseline": sum(bool(by[(m, i)].get("identical")) for i in ids),
+            "forced": sum(bool(by[(m, i)].get("forced")) for i in ids),
         }
         pairs = [
             (by[(m, i)]["score"], by[("baseline", i)]["score"])
@@ -69,7 +70,8 @@ def markdown(result: dict[str, Any]) -> str:
         "# PredGen answers judged (MT-Bench single-answer, 1-10)",
         "",
         f"- answers from: `{h['source']}` ({h['source_command']})",
-        f"- judge: {h['judge']} on {h['backend']}, greedy, `single-v1` prompt, max 256 tokens",
+        f"- judge: {h['judge']} on {h['backend']}, greedy, `single-v1` prompt, max 256 tokens "
+        "(a rating asked for after 128 when the reply has none)",
         f"- questions: {h['questions']} of the file's, evenly spread: {', '.join(map(str, h['ids']))}",
         f"- machine: {h['machine'].get('cpu', '?')}, {h['machine'].get('cores_usable')} cores, "
         f"git {h['machine'].get('git')}, date (UTC) {h['machine'].get('date_utc')}",
@@ -82,10 +84,12 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "*identical* = answers token-identical to the baseline's; *vs baseline* = mean score "
         "difference paired by question, with a 95 % bootstrap interval over questions; "
-        "*unscored* = the judge gave no `[[rating]]`.",
+        "*forced* = the judge wrote no `[[rating]]` in its reply, so its first 128 tokens were "
+        "followed by `Rating: [[` for it to complete (`bench.predgen.Judge`); *unscored* = "
+        "no number even then.",
         "",
-        "| method | answers | mean score | vs baseline | identical to baseline | unscored |",
-        "|---|---|---|---|---|---|",
+        "| method | answers | mean score | vs baseline | identical to baseline | forced | unscored |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in result["summary"]:
         vs = r.get("vs_baseline")
@@ -93,7 +97,7 @@ def markdown(result: dict[str, Any]) -> str:
         mean = f"{r['mean_score']:.2f}" if r["mean_score"] is not None else "–"
         lines.append(
             f"| {r['method']} | {r['answers']} | {mean} | {vs_s} | {r['identical_to_baseline']} | "
-            f"{r['answers'] - r['scored']} |"
+            f"{r.get('forced', 0)} | {r['answers'] - r['scored']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -133,10 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in tqdm(chosen, desc="judge", unit="answer", file=sys.stderr):
         graded.append(
             {k: r[k] for k in ("id", "turn", "method", "question", "response")}
-            | {
-                "identical": r.get("identical"),
-                "score": judge.score(r["question"], r["response"]),
-            }
+            | {"identical": r.get("identical")}
+            | judge.judge(r["question"], r["response"])
         )
     command = (
         f"flock /tmp/speclive-cpu.lock env PYTHONPATH=src python benchmarks/predgen_judge.py {args.result} "

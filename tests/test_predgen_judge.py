@@ -31,13 +31,13 @@ def test_summary_pairs_by_question_and_counts_unscored(pj):
     recs = [
         {"id": 1, "method": "baseline", "score": 6.0, "identical": True},
         {"id": 2, "method": "baseline", "score": 8.0, "identical": True},
-        {"id": 1, "method": "topk:3", "score": 5.0, "identical": False},
+        {"id": 1, "method": "topk:3", "score": 5.0, "identical": False, "forced": True},
         {"id": 2, "method": "topk:3", "score": None, "identical": True},
     ]
     rows = {r["method"]: r for r in pj.summarize(recs, ["baseline", "topk:3"])}
     assert rows["baseline"]["mean_score"] == 7.0 and "vs_baseline" not in rows["baseline"]
     t = rows["topk:3"]
-    assert (t["answers"], t["scored"], t["identical_to_baseline"]) == (2, 1, 1)
+    assert (t["answers"], t["scored"], t["identical_to_baseline"], t["forced"]) == (2, 1, 1, 1)
     assert t["vs_baseline"]["mean"] == -1.0  # only question 1 has both scores
     result = {
         "header": {
@@ -53,4 +53,18 @@ def test_summary_pairs_by_question_and_counts_unscored(pj):
         "summary": pj.summarize(recs, ["baseline", "topk:3"]),
     }
     md = pj.markdown(result)
-    assert "| topk:3 | 2 | 5.00 | -1.00 [-1.00, -1.00] | 1 | 1 |" in md
+    assert "| topk:3 | 2 | 5.00 | -1.00 [-1.00, -1.00] | 1 | 1 | 1 |" in md
+
+
+def test_judge_asks_for_the_rating_when_the_reply_has_none():
+    """A real (small) judge cut off after 8 tokens has written no ``[[rating]]``: the judge is
+    then asked to complete ``Rating: [[`` after its own words, and a 1-10 score comes back."""
+    from speclive.bench.predgen import Judge, _parse_rating
+
+    judge = Judge("smollm2-135m-instruct", "llamacpp", max_tokens=8)
+    out = judge.judge("What is the capital of France?", "The capital of France is Paris.")
+    assert out["forced"] is True
+    assert "Rating: [[" in out["judgment"]
+    assert out["score"] is not None and 1.0 <= out["score"] <= 10.0
+    assert _parse_rating("Fine answer. Rating: [[7]]") == 7.0
+    assert _parse_rating("Rating: 12") == 10.0 and _parse_rating("no verdict") is None

@@ -68,26 +68,56 @@ def _judge_prompt() -> dict[str, str]:
 
 
 class Judge:
-    """MT-Bench single-answer grading (1-10) by a local model, greedy."""
+    """MT-Bench single-answer grading (1-10) by a local model, greedy.
 
-    def __init__(self, model: str, backend: str):
+    A small judge often explains at length, or loops, without ever writing its ``[[rating]]``.
+    Then the verdict is asked for the way a reader would: the reply is cut after its first
+    ``explain_tokens`` tokens, ``"Rating: [["`` is appended to it as the judge's own words, and
+    the judge completes the number (``forced`` in ``judge()``'s result).
+    """
+
+    def __init__(self, model: str, backend: str, max_tokens: int = 256, explain_tokens: int = 128):
         from speclive.decoder import GenerationConfig, SpeculativeDecoder
         from speclive.loader import load_backend, make_drafter
 
         self.backend = load_backend(model, backend)
         self.decoder = SpeculativeDecoder(self.backend, make_drafter("ngram", self.backend))
-        self.cfg = GenerationConfig(max_tokens=256)
+        self.cfg = GenerationConfig(max_tokens=max_tokens)
+        self.explain_tokens = explain_tokens
         self.template = _judge_prompt()
 
-    def score(self, question: str, answer: str) -> float | None:
+    def judge(self, question: str, answer: str) -> dict[str, Any]:
+        """``{"score": float | None, "judgment": text, "forced": bool}``."""
+        from speclive.decoder import GenerationConfig
+
         t = self.template
         msgs = [
             {"role": "system", "content": t["system_prompt"]},
             {"role": "user", "content": t["prompt_template"].format(question=question, answer=answer)},
         ]
-        text = self.decoder.run(self.backend.tokenizer.chat(msgs), self.cfg).text
-        m = re.search(r"\[\[(\d+(?:\.\d+)?)\]\]", text) or re.search(r"[Rr]ating:\s*(\d+(?:\.\d+)?)", text)
-        return min(10.0, float(m.group(1))) if m else None
+        prompt = self.backend.tokenizer.chat(msgs)
+        out = self.decoder.run(prompt, self.cfg)
+        score = _parse_rating(out.text)
+        if score is not None:
+            return {"score": score, "judgment": out.text, "forced": False}
+        tok = self.backend.tokenizer
+        said = tok.decode(out.token_ids[: self.explain_tokens]).rstrip()
+        ask = prompt + tok.encode(said + "\n\nRating: [[")
+        tail = self.decoder.run(ask, GenerationConfig(max_tokens=4)).text
+        m = re.match(r"\s*(\d+(?:\.\d+)?)", tail)
+        return {
+            "score": min(10.0, float(m.group(1))) if m else None,
+            "judgment": said + "\n\nRating: [[" + tail,
+            "forced": True,
+        }
+
+    def score(self, question: str, answer: str) -> float | None:
+        return self.judge(question, answer)["score"]
+
+
+def _parse_rating(text: str) -> float | None:
+    m = re.search(r"\[\[(\d+(?:\.\d+)?)\]\]", text) or re.search(r"[Rr]ating:\s*(\d+(?:\.\d+)?)", text)
+    return min(10.0, float(m.group(1))) if m else None
 
 
 def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
