@@ -39,24 +39,24 @@ def paired_difference(a: list[float], b: list[float], n_boot: int = 4000, seed: 
 
 def summarize(records: list[dict[str, Any]], methods: list[str]) -> list[dict[str, Any]]:
     by = {(r["method"], r["id"]): r for r in records}
-    ids = sorted({r["id"] for r in records})
     rows = []
     for m in methods:
-        scored = [by[(m, i)] for i in ids if by[(m, i)].get("score") is not None]
+        mine = {i: r for (meth, i), r in sorted(by.items()) if meth == m}
+        scored = [r for r in mine.values() if r.get("score") is not None]
         row: dict[str, Any] = {
             "method": m,
-            "answers": len(ids),
+            "answers": len(mine),
             "scored": len(scored),
             "mean_score": float(np.mean([r["score"] for r in scored])) if scored else None,
-            "identical_to_baseline": sum(bool(by[(m, i)].get("identical")) for i in ids),
-            "forced": sum(bool(by[(m, i)].get("forced")) for i in ids),
+            "identical_to_baseline": sum(bool(r.get("identical")) for r in mine.values()),
+            "forced": sum(bool(r.get("forced")) for r in mine.values()),
         }
         pairs = [
-            (by[(m, i)]["score"], by[("baseline", i)]["score"])
-            for i in ids
-            if ("baseline", i) in by
-            and by[(m, i)].get("score") is not None
-            and by[("baseline", i)].get("score") is not None
+            (r["score"], base["score"])
+            for i, r in mine.items()
+            if (base := by.get(("baseline", i))) is not None
+            and r.get("score") is not None
+            and base.get("score") is not None
         ]
         if m != "baseline" and pairs:
             row["vs_baseline"] = paired_difference([p[0] for p in pairs], [p[1] for p in pairs])

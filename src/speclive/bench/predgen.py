@@ -104,7 +104,7 @@ class Judge:
         said = tok.decode(out.token_ids[: self.explain_tokens]).rstrip()
         ask = prompt + tok.encode(said + "\n\nRating: [[")
         tail = self.decoder.run(ask, GenerationConfig(max_tokens=4)).text
-        m = re.match(r"\s*(\d+(?:\.\d+)?)", tail)
+        m = re.match(r"\s*" + _NUMBER, tail)
         return {
             "score": min(10.0, float(m.group(1))) if m else None,
             "judgment": said + "\n\nRating: [[" + tail,
@@ -115,8 +115,12 @@ class Judge:
         return self.judge(question, answer)["score"]
 
 
+#: a rating as the judge writes it: an integer or a decimal
+_NUMBER = r"(\d+(?:\.\d+)?)"
+
+
 def _parse_rating(text: str) -> float | None:
-    m = re.search(r"\[\[(\d+(?:\.\d+)?)\]\]", text) or re.search(r"[Rr]ating:\s*(\d+(?:\.\d+)?)", text)
+    m = re.search(r"\[\[" + _NUMBER + r"\]\]", text) or re.search(r"[Rr]ating:\s*" + _NUMBER, text)
     return min(10.0, float(m.group(1))) if m else None
 
 
