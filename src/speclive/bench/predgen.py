@@ -111,9 +111,6 @@ class Judge:
             "forced": True,
         }
 
-    def score(self, question: str, answer: str) -> float | None:
-        return self.judge(question, answer)["score"]
-
 
 #: a rating as the judge writes it: an integer or a decimal
 _NUMBER = r"(\d+(?:\.\d+)?)"
@@ -222,7 +219,7 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
     if opts.judge:
         judge = Judge(opts.judge, opts.backend)
         for rec in tqdm(records, desc="judge", unit="answer"):
-            rec["score"] = judge.score(rec["question"], rec["response"])
+            rec.update(judge.judge(rec["question"], rec["response"]))
     _mark_agreement(records)
     header["settings"]["near_tie_gap"] = opts.near_tie
     check_greedy_exactness(records, backend, opts.near_tie)
@@ -253,7 +250,6 @@ def check_greedy_exactness(records: list[dict[str, Any]], backend: Any, near_tie
     from speclive.sessions.predictive import chat_prompt
 
     base = {(r["id"], r["turn"]): r for r in records if r["method"] == "baseline"}
-    turn1 = {r["id"]: r for r in records if r["method"] == "baseline" and r["turn"] == 1}
     found = []
     for r in records:
         b = base.get((r["id"], r["turn"]))
@@ -264,10 +260,11 @@ def check_greedy_exactness(records: list[dict[str, Any]], backend: Any, near_tie
             continue
         history = []
         if r["turn"] == 2:
-            if r["id"] not in turn1:  # the history's answer is not in this result
+            first = base.get((r["id"], 1))
+            if first is None:  # the history's answer is not in this result
                 r["divergence"] = {"position": pos, "verdict": "unchecked", "why": "no turn-1 baseline"}
                 continue
-            history = turn2_history(turn1[r["id"]]["question"], turn1[r["id"]]["response"])
+            history = turn2_history(first["question"], first["response"])
         # the simulated user speaks words: the session's prompt has its whitespace normalized
         prompt = chat_prompt(backend.tokenizer, " ".join(r["question"].split()), history)
         other = r["token_ids"][pos] if pos < len(r["token_ids"]) else None
