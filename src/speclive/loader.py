@@ -50,9 +50,16 @@ def load_backend(
     n_ctx: int | None = None,
     threads: int | None = None,
     dtype: str = "float32",
+    device: str = "cpu",
 ) -> Backend:
-    """Load ``model`` on ``backend`` (cached per process: backends are heavy)."""
+    """Load ``model`` on ``backend`` (cached per process: backends are heavy).
+
+    ``device`` places the transformers backend ("cuda", "cuda:1", ...); the llama.cpp build
+    speclive installs is CPU-only, so it takes "cpu" alone.
+    """
     _choice("backend", backend, BACKENDS)
+    if backend == "llamacpp" and device != "cpu":
+        raise ConfigError(f"--device {device}: the llamacpp backend runs on the CPU only (use --backend hf)")
     ref = resolve(model)
     if ref.kind not in (None, "llm-gguf"):
         raise ConfigError(f"{model!r} is a {ref.kind} model, not a causal language model")
@@ -79,7 +86,9 @@ def load_backend(
         path: str | Path = hf_dir_for_gguf(ref.gguf, ref.name if ref.source == "registry" else None)
     else:
         path = ref.path or ref.hub_id  # type: ignore[assignment]
-    return HFBackend.load(str(path), name=ref.name, dtype=dtype, n_ctx=n_ctx, threads=threads)
+    return HFBackend.load(
+        str(path), name=ref.name, dtype=dtype, device=device, n_ctx=n_ctx, threads=threads
+    )
 
 
 def make_drafter(

@@ -18,10 +18,30 @@ from typing import Any
 import numpy as np
 
 from speclive.backends.base import Backend, BackendState
+from speclive.errors import ConfigError
 from speclive.tokenizer import Tokenizer
 
 # t(k)/t(1) seen for Qwen 1.5B fp32 on the 2-core CPU (ENGINES.md); replaced online by measurements
 _HF_FP32_PRIOR = {1: 1.0, 2: 2.17, 4: 2.85, 8: 2.56, 16: 2.95, 32: 4.32}
+# on a GPU a small model's step is launch-bound: verifying a few dozen tokens costs about one
+# step (Qwen 0.5B on an H100, benchmarks/results/costcurve-*-h100.md); measurements replace it
+_HF_GPU_PRIOR = {1: 1.0, 8: 1.05, 32: 1.15, 64: 1.3}
+
+
+def check_device(device: str) -> None:
+    """Raise ``ConfigError`` for a device torch does not know or cannot use here."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"invalid device {device!r}: {e}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r}: torch {torch.__version__} sees no CUDA GPU here")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device {device!r}: MPS is not available here")
 
 
 @dataclass
@@ -63,7 +83,7 @@ class HFBackend(Backend):
         super().__init__()
 
     def default_cost_prior(self) -> dict[int, float]:
-        return _HF_FP32_PRIOR
+        return _HF_FP32_PRIOR if self.device.type == "cpu" else _HF_GPU_PRIOR
 
     @classmethod
     def load(
@@ -76,11 +96,15 @@ class HFBackend(Backend):
         n_ctx: int | None = None,
         threads: int | None = None,
     ) -> HFBackend:
-        """Load an HF folder or hub id (safetensors); GGUF files go through ``models.convert``."""
+        """Load an HF folder or hub id (safetensors); GGUF files go through ``models.convert``.
+
+        ``device``: any torch device ("cpu", "cuda", "cuda:1", "mps"); checked before loading.
+        """
         import torch
         from transformers import AutoModelForCausalLM
 
         torch_dtype = getattr(torch, dtype)
+        check_device(device)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
         tok = tokenizer or Tokenizer.from_pretrained(path)
         return cls(

@@ -45,6 +45,7 @@ def add_bench_parser(subparsers: Any) -> None:
     c = sub.add_parser("costcurve", help="verification cost t(k) of one extend of k tokens")
     c.add_argument("--model", default=DEFAULT_MODEL)
     c.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    c.add_argument("--device", default="cpu", help="torch device of the hf backend (cpu, cuda, ...)")
     c.add_argument("--ks", type=_ints, default=[1, 2, 4, 8, 16, 32], help="comma-separated k values")
     c.add_argument("--repeats", type=int, default=5, help="timed repeats per k (median reported)")
     c.add_argument("--prefix", type=int, default=256, help="tokens in the cache before each extend")
@@ -120,6 +121,7 @@ def add_bench_parser(subparsers: Any) -> None:
     r = sub.add_parser("retranslate", help="SSBD re-translation: AR vs bias β vs mask-k (Tables 2-4)")
     r.add_argument("--model", default=DEFAULT_MODEL)
     r.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    r.add_argument("--device", default="cpu", help="torch device of the hf backend (cpu, cuda, ...)")
     r.add_argument("--langs", type=_csv, default=["de", "zh", "ja"])
     r.add_argument("--betas", type=_floats, default=[0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
     r.add_argument("--mask-ks", type=_ints, default=[3, 5])
@@ -172,12 +174,17 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from e
 
 
+def _device_args(device: str) -> list[str]:
+    """``--device D`` for a reproducing command line; nothing for the default CPU."""
+    return [] if device == "cpu" else ["--device", device]
+
+
 def cmd_costcurve(args: argparse.Namespace) -> int:
     from speclive.bench import report
     from speclive.bench.suites import measure_cost_curve, write_costcurve_outputs
     from speclive.loader import load_backend
 
-    backend = load_backend(args.model, args.backend)
+    backend = load_backend(args.model, args.backend, device=args.device)
     cmd = command_line(
         [
             "speclive",
@@ -187,6 +194,7 @@ def cmd_costcurve(args: argparse.Namespace) -> int:
             args.model,
             "--backend",
             args.backend,
+            *_device_args(args.device),
             "--ks",
             ",".join(map(str, args.ks)),
             "--repeats",
@@ -196,7 +204,12 @@ def cmd_costcurve(args: argparse.Namespace) -> int:
             *(["--compare-stock-linear"] if args.compare_stock_linear else []),
         ]
     )
-    settings: dict[str, object] = {"ks": args.ks, "repeats": args.repeats, "prefix": args.prefix}
+    settings: dict[str, object] = {
+        "ks": args.ks,
+        "repeats": args.repeats,
+        "prefix": args.prefix,
+        "device": args.device,
+    }
     linear_info = getattr(backend, "linear_info", None)
     if linear_info is not None:
         settings["linear"] = linear_info
@@ -348,6 +361,7 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
         args.model,
         "--backend",
         args.backend,
+        *_device_args(args.device),
         "--langs",
         ",".join(args.langs),
         "--betas",
@@ -368,6 +382,7 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
     opts = RetranslateBenchOptions(
         model=args.model,
         backend=args.backend,
+        device=args.device,
         langs=args.langs,
         betas=args.betas,
         mask_ks=args.mask_ks,

@@ -45,6 +45,9 @@ def _version(dist: str) -> str | None:
 
 
 def _git_commit() -> str | None:
+    # a copy of the tree without .git (e.g. on a lent GPU machine) can name its commit
+    if os.environ.get("SPECLIVE_GIT_COMMIT"):
+        return os.environ["SPECLIVE_GIT_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(
@@ -74,6 +77,7 @@ def machine_info() -> dict[str, Any]:
         load = None
     return {
         "cpu": cpu_model(),
+        "gpu": gpu_model(),
         "cores": os.cpu_count(),
         "cores_usable": affinity,
         "mem_gb": _mem_total_gb(),
@@ -88,13 +92,25 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def gpu_model() -> str | None:
+    """The CUDA device's name when torch is already loaded and sees one (never imports torch)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return str(torch.cuda.get_device_name(0))
+    except Exception:  # a broken CUDA set-up must not break a benchmark's header
+        return None
+    return None
+
+
 def header_lines(header: Mapping[str, Any]) -> list[str]:
     """Human-readable lines for the run header (printed and put atop the Markdown)."""
     m = header.get("machine", {})
     v = m.get("versions", {})
     lines = [
         f"machine: {m.get('cpu')} | {m.get('cores')} cores ({m.get('cores_usable')} usable) | "
-        f"{m.get('mem_gb')} GB | load avg at start {m.get('loadavg_at_start')}",
+        f"{m.get('mem_gb')} GB | load avg at start {m.get('loadavg_at_start')}"
+        + (f" | GPU {m['gpu']}" if m.get("gpu") else ""),
         f"software: python {m.get('python')}, torch {v.get('torch')}, transformers {v.get('transformers')}, "
         f"llama-cpp-python {v.get('llama-cpp-python')}, speclive {v.get('speclive')} (git {m.get('git')})",
         f"date (UTC): {m.get('date_utc')}",

@@ -32,6 +32,7 @@ MIN_WORDS, MAX_WORDS = 8, 40
 class RetranslateBenchOptions:
     model: str = "qwen2.5-coder-0.5b-instruct"
     backend: str = "llamacpp"
+    device: str = "cpu"
     langs: Sequence[str] = ("de", "zh", "ja")
     betas: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
     mask_ks: Sequence[int] = (3, 5)
@@ -115,7 +116,7 @@ def run_retranslate_bench(
     from speclive.sessions.retranslate import ReTranslator
     from speclive.sessions.simulate import lag_k_prefixes
 
-    backend = load_backend(opts.model, opts.backend)
+    backend = load_backend(opts.model, opts.backend, device=opts.device)
     sentences = bench_sentences(opts.limit)
     cfgs = configurations(opts)
     header = {
@@ -124,6 +125,7 @@ def run_retranslate_bench(
         "backends": backend.kind,
         "settings": {
             "langs": list(opts.langs),
+            "device": opts.device,
             "lag_k": opts.lag_k,
             "max_tokens": opts.max_tokens,
             "sentences": len(sentences),

@@ -978,9 +978,11 @@ def write_decode_outputs(
 
 
 def write_costcurve_outputs(result: Mapping[str, Any], out: Path, plot: bool = True) -> dict[str, Path]:
-    """Write ``costcurve-<model>-<backend>.{json,md,png}`` into ``out``."""
+    """Write ``costcurve-<model>-<backend>[-<device>].{json,md,png}`` into ``out`` (the device
+    is named when it is not the CPU)."""
     out = Path(out)
-    stem = f"costcurve-{result['model']}-{result['backend']}"
+    device = result.get("header", {}).get("settings", {}).get("device", "cpu")
+    stem = f"costcurve-{result['model']}-{result['backend']}" + ("" if device == "cpu" else f"-{device}")
     paths = {"json": report.write_json(out / f"{stem}.json", result)}
     md = out / f"{stem}.md"
     md.write_text(report.costcurve_markdown(result))
