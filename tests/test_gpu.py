@@ -45,6 +45,14 @@ def test_bad_devices_are_clear_errors():
             check_device(f"cuda:{torch.cuda.device_count()}")
 
 
+def test_device_spelling_shares_one_loaded_backend(hf_smol):
+    from speclive.loader import _draft_device, load_backend
+
+    # the default device, written out or not, is the same cached backend (no second load)
+    assert load_backend("smollm2-135m-instruct", "hf", device="cpu") is hf_smol
+    assert _draft_device(hf_smol, "hf") == "cpu"
+
+
 @pytest.fixture(scope="module")
 def cuda_qwen():
     from speclive.loader import DEFAULT_MODEL, load_backend
@@ -54,7 +62,10 @@ def cuda_qwen():
 
 @needs_cuda
 def test_cuda_backend_is_on_the_gpu_with_a_flat_cost_prior(cuda_qwen):
+    from speclive.loader import _draft_device
+
     assert cuda_qwen.device.type == "cuda"
+    assert _draft_device(cuda_qwen, "hf").startswith("cuda")  # hf drafts follow the target
     assert next(cuda_qwen.model.parameters()).is_cuda
     prior = cuda_qwen.default_cost_prior()
     assert prior[32] < 2.0  # launch-bound: a 32-token pass is not a CPU's 4-13 steps

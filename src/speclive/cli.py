@@ -19,6 +19,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-draft", type=int, default=None, help="longest draft (adaptive below it)")
     p.add_argument("--threshold", type=float, default=0.4, help="draft confidence cut-off (model drafters)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--device", default="cpu", help="torch device of --backend hf (cpu, cuda, cuda:1, ...)")
     p.add_argument("--n-ctx", type=int, default=None, help="context window in tokens")
     p.add_argument("--datastore", default=None, help="global suffix datastore (--drafter suffix|hybrid*)")
 
@@ -28,7 +29,9 @@ def _build_decoder(args: argparse.Namespace):
     from speclive.decoder import SpeculativeDecoder
     from speclive.loader import load_backend, make_drafter
 
-    target = load_backend(args.model, args.backend, n_ctx=args.n_ctx, threads=args.threads)
+    target = load_backend(
+        args.model, args.backend, n_ctx=args.n_ctx, threads=args.threads, device=args.device
+    )
     drafter = make_drafter(
         args.drafter,
         target,

@@ -43,7 +43,6 @@ def tokenizer_for(ref: ModelRef) -> Tokenizer:
     return Tokenizer.from_pretrained(str(ref.path or ref.hub_id))
 
 
-@functools.lru_cache(maxsize=8)
 def load_backend(
     model: str = DEFAULT_MODEL,
     backend: str = "llamacpp",
@@ -57,6 +56,14 @@ def load_backend(
     ``device`` places the transformers backend ("cuda", "cuda:1", ...); the llama.cpp build
     speclive installs is CPU-only, so it takes "cpu" alone.
     """
+    # one cache key however the arguments were spelled (keyword or default)
+    return _load_backend(model, backend, n_ctx, threads, dtype, device)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_backend(
+    model: str, backend: str, n_ctx: int | None, threads: int | None, dtype: str, device: str
+) -> Backend:
     _choice("backend", backend, BACKENDS)
     if backend == "llamacpp" and device != "cpu":
         raise ConfigError(f"--device {device}: the llamacpp backend runs on the CPU only (use --backend hf)")
@@ -89,6 +96,13 @@ def load_backend(
     return HFBackend.load(
         str(path), name=ref.name, dtype=dtype, device=device, n_ctx=n_ctx, threads=threads
     )
+
+
+def _draft_device(target: Backend, backend: str) -> str:
+    """A transformers draft model goes where an hf target is (a CPU draft for a GPU target
+    would cost more than it saves); everything else runs on the CPU."""
+    device = getattr(target, "device", None)
+    return str(device) if backend == "hf" and target.kind == "hf" and device is not None else "cpu"
 
 
 def make_drafter(
@@ -128,11 +142,18 @@ def make_drafter(
                 f"--drafter model needs --draft-model for target {target.name!r} "
                 f"(defaults exist for: {', '.join(DEFAULT_DRAFT)})"
             )
-        draft = load_backend(draft_name, backend, n_ctx=target.n_ctx)
+        draft = load_backend(
+            draft_name, backend, n_ctx=target.n_ctx, device=_draft_device(target, backend)
+        )
         return ModelDrafter(draft, max_len=max_len or 24, threshold=threshold)
     from speclive.drafting.crossvocab import CrossVocabDrafter
 
-    draft = load_backend(draft_model or DEFAULT_CROSS_DRAFT, backend, n_ctx=max(target.n_ctx, 2048))
+    draft = load_backend(
+        draft_model or DEFAULT_CROSS_DRAFT,
+        backend,
+        n_ctx=max(target.n_ctx, 2048),
+        device=_draft_device(target, backend),
+    )
     return CrossVocabDrafter(draft, max_len=max_len or 16, threshold=threshold)
 
 
@@ -166,10 +187,14 @@ def _talon_drafter(
     if name == "hybrid":
         from speclive.drafting.hybrid import HybridDrafter
 
-        draft = load_backend(draft_name, backend, n_ctx=target.n_ctx)
+        draft = load_backend(
+            draft_name, backend, n_ctx=target.n_ctx, device=_draft_device(target, backend)
+        )
         return HybridDrafter(draft, store, hcfg, scfg)
     from speclive.drafting.asyncdraft import AsyncHybridDrafter
 
     # a draft backend of its own: its thread count is changed while the drafter runs
-    draft = load_backend(draft_name, backend, n_ctx=target.n_ctx, threads=1)
+    draft = load_backend(
+        draft_name, backend, n_ctx=target.n_ctx, threads=1, device=_draft_device(target, backend)
+    )
     return AsyncHybridDrafter(draft, store, hcfg, scfg)

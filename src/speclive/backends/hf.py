@@ -24,8 +24,9 @@ from speclive.tokenizer import Tokenizer
 # t(k)/t(1) seen for Qwen 1.5B fp32 on the 2-core CPU (ENGINES.md); replaced online by measurements
 _HF_FP32_PRIOR = {1: 1.0, 2: 2.17, 4: 2.85, 8: 2.56, 16: 2.95, 32: 4.32}
 # on a GPU a small model's step is launch-bound: verifying a few dozen tokens costs about one
-# step (Qwen 0.5B on an H100, benchmarks/results/costcurve-*-h100.md); measurements replace it
-_HF_GPU_PRIOR = {1: 1.0, 8: 1.05, 32: 1.15, 64: 1.3}
+# step (Qwen 0.5B fp32 on an H100: benchmarks/results/costcurve-qwen2.5-coder-0.5b-instruct-hf-cuda.md);
+# measurements replace it
+_HF_GPU_PRIOR = {1: 1.0, 16: 1.04, 32: 1.05, 64: 1.17}
 
 
 def check_device(device: str) -> None:

@@ -17,6 +17,7 @@ def add_retranslate_parser(subparsers: Any) -> None:
     )
     p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
     p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    p.add_argument("--device", default="cpu", help="torch device of --backend hf (cpu, cuda, ...)")
     p.add_argument("--target-lang", default="de", help=f"one of: {', '.join(LANGUAGES)}")
     p.add_argument("--beta", type=float, default=0.2, help="bias towards the previous output (0 = lossless)")
     p.add_argument("--mask-k", type=int, default=3, help="hide the last k output tokens of partial updates")
@@ -59,7 +60,7 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
     )
     cfg.validate()  # before the model loads
     prefixes = lag_k_prefixes(args.text, args.lag_k)
-    backend = load_backend(args.model, args.backend, threads=args.threads)
+    backend = load_backend(args.model, args.backend, threads=args.threads, device=args.device)
     session = ReTranslator(backend, cfg)
     try:
         for i, src in enumerate(prefixes):
@@ -105,6 +106,7 @@ def add_predgen_parser(subparsers: Any) -> None:
     )
     p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
     p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    p.add_argument("--device", default="cpu", help="torch device of --backend hf (cpu, cuda, ...)")
     p.add_argument("--verifier", default="greedy", help="greedy | topk:K | reflection")
     p.add_argument(
         "--first-pass",
@@ -146,7 +148,7 @@ def cmd_predgen(args: argparse.Namespace) -> int:
 
         tts = PiperTTS(args.voice)
         tts.synthesize("Ready.")  # warm-up outside the measurement
-    backend = load_backend(args.model, args.backend, threads=args.threads)
+    backend = load_backend(args.model, args.backend, threads=args.threads, device=args.device)
     cfg = PredGenConfig(
         verifier=args.verifier,
         first_pass=args.first_pass,
