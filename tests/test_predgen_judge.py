@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "predgen_judge.py"
+from bench_scripts import load_benchmark_script
 
 
 @pytest.fixture(scope="module")
 def pj():
-    spec = importlib.util.spec_from_file_location("predgen_judge", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark_script("predgen_judge")
 
 
 def test_paired_difference_interval(pj):

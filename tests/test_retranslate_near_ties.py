@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_benchmark_script
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "retranslate_near_ties.py"
 SOURCE = "The old lighthouse keeper climbed the stairs every evening at dusk."
 
 
 @pytest.fixture(scope="module")
 def nt():
-    spec = importlib.util.spec_from_file_location("retranslate_near_ties", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark_script("retranslate_near_ties")
 
 
 def test_first_difference(nt):
