@@ -4,7 +4,8 @@ the first differing token of each such stream and the target's top-2 logit gap t
 On the fp32 transformers backend β = 0 must equal AR token for token. On llama.cpp a k-token
 verification pass moves logits slightly (quantized kernels, ENGINES.md), so an output may flip
 where the top-2 gap is tiny; a flip at a clear margin would be a verification bug. The gap is
-read from one pass over the prompt and AR's tokens before the divergence::
+read by re-running AR one token at a time up to the divergence, as ``bench decode`` and
+``bench predgen`` classify theirs (``bench.suites.ar_logit_gap``)::
 
     flock /tmp/speclive-cpu.lock python benchmarks/retranslate_near_ties.py \\
         benchmarks/results/retranslate-qwen0.5b-llamacpp-de-12.json
@@ -19,23 +20,21 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
-#: the exactness tests' bar for blaming a llama.cpp flip on numerics (tests/test_exactness.py)
-NEAR_TIE = 0.5
-
 
 def first_difference(ar_updates: list[list[int]], other: list[list[int]]) -> tuple[int, int] | None:
     """(update, token) of the first difference, or None when every update is identical."""
+    from speclive.bench.suites import first_divergence
+
     for u, (a, b) in enumerate(zip(ar_updates, other, strict=True)):
-        if a != b:
-            j = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-            return u, j
+        pos = first_divergence(a, b)
+        if pos is not None:
+            return u, pos
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from speclive.bench.report import command_line
+    from speclive.bench.report import NEAR_TIE_GAP, command_line
+    from speclive.bench.suites import ar_logit_gap
     from speclive.loader import load_backend
     from speclive.sessions.retranslate import ReTranslator
     from speclive.sessions.simulate import lag_k_prefixes
@@ -49,27 +48,27 @@ def main(argv: list[str] | None = None) -> int:
     backend = load_backend(head["target"], head["backends"], device=head["settings"].get("device", "cpu"))
     lag_k = head["settings"]["lag_k"]
     recs = {(r["lang"], r["stream"], r["method"]): r for r in res["records"]}
+    sessions: dict[str, ReTranslator] = {}  # one per language, for its prompt
     rows, streams = [], 0
     for (lang, s, method), ar in sorted(recs.items()):
         if method != "ar" or (lang, s, args.method) not in recs:
             continue
         streams += 1
-        other = recs[(lang, s, args.method)]
-        where = first_difference(ar["update_ids"], other["update_ids"])
+        other = recs[(lang, s, args.method)]["update_ids"]
+        where = first_difference(ar["update_ids"], other)
         if where is None:
             continue
         u, j = where
-        a = ar["update_ids"][u]
-        session = ReTranslator(backend, target_lang=lang, baseline=True)
+        a, b = ar["update_ids"][u], other[u]
+        if lang not in sessions:
+            sessions[lang] = ReTranslator(backend, target_lang=lang, baseline=True)
+        session = sessions[lang]
         source = " ".join(lag_k_prefixes(ar["source"], lag_k)[u].split())  # as the session does
-        prompt = session.prompt_ids(source)
-        state = backend.new_state()
-        logits = backend.extend(state, prompt + a[:j])[-1]
-        backend.release(state)
+        g = ar_logit_gap(backend, session.prompt_ids(source), a, j, b[j] if j < len(b) else None)
+        rows.append((lang, s, u, j, g["gap_top2"]))
+    for session in sessions.values():
         session.close()
-        top2 = np.sort(logits)[-2:]
-        rows.append((lang, s, u, j, float(top2[1] - top2[0])))
-    bad = [r for r in rows if r[4] >= NEAR_TIE]
+    bad = [r for r in rows if r[4] >= NEAR_TIE_GAP]
     lines = [
         f"# Where {args.method} departs from AR: {args.result.name}",
         "",
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         command_line(["python", "benchmarks/retranslate_near_ties.py", str(args.result)]),
         "```",
         "",
-        f"{len(rows)} of {streams} streams differ; near-tie bar {NEAR_TIE}; "
+        f"{len(rows)} of {streams} streams differ; near-tie bar {NEAR_TIE_GAP}; "
         f"{len(bad)} differ at a gap at or above it.",
         "",
         "| lang | stream | update | token | top-2 logit gap |",

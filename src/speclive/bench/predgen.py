@@ -83,13 +83,12 @@ class Judge:
         self.backend = load_backend(model, backend)
         self.decoder = SpeculativeDecoder(self.backend, make_drafter("ngram", self.backend))
         self.cfg = GenerationConfig(max_tokens=max_tokens)
+        self.ask_cfg = GenerationConfig(max_tokens=4)  # the number after "Rating: [["
         self.explain_tokens = explain_tokens
         self.template = _judge_prompt()
 
     def judge(self, question: str, answer: str) -> dict[str, Any]:
         """``{"score": float | None, "judgment": text, "forced": bool}``."""
-        from speclive.decoder import GenerationConfig
-
         t = self.template
         msgs = [
             {"role": "system", "content": t["system_prompt"]},
@@ -103,10 +102,9 @@ class Judge:
         tok = self.backend.tokenizer
         said = tok.decode(out.token_ids[: self.explain_tokens]).rstrip()
         ask = prompt + tok.encode(said + "\n\nRating: [[")
-        tail = self.decoder.run(ask, GenerationConfig(max_tokens=4)).text
-        m = re.match(r"\s*" + _NUMBER, tail)
+        tail = self.decoder.run(ask, self.ask_cfg).text
         return {
-            "score": min(10.0, float(m.group(1))) if m else None,
+            "score": _rating(re.match(r"\s*" + _NUMBER, tail)),
             "judgment": said + "\n\nRating: [[" + tail,
             "forced": True,
         }
@@ -116,9 +114,15 @@ class Judge:
 _NUMBER = r"(\d+(?:\.\d+)?)"
 
 
-def _parse_rating(text: str) -> float | None:
-    m = re.search(r"\[\[" + _NUMBER + r"\]\]", text) or re.search(r"[Rr]ating:\s*" + _NUMBER, text)
+def _rating(m: re.Match[str] | None) -> float | None:
+    """The score a matched ``_NUMBER`` gives, capped at the scale's 10."""
     return min(10.0, float(m.group(1))) if m else None
+
+
+def _parse_rating(text: str) -> float | None:
+    return _rating(
+        re.search(r"\[\[" + _NUMBER + r"\]\]", text) or re.search(r"[Rr]ating:\s*" + _NUMBER, text)
+    )
 
 
 def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
