@@ -119,16 +119,24 @@ def test_presynthesized_audio_is_used_when_the_first_sentence_survives(hf_smol, 
     assert u.resynthesized and u.tts_s > 0 and s.presynth is not None
     resp = s.finish(prompt)
     assert resp.presynth_used and resp.first_sentence == s.presynth[0]
-    assert resp.nfetfs == 1  # one pass verified the whole first sentence
+    # the candidate was made for this very prompt: its first sentence needs no pass at all
+    assert resp.nfetfs == 0
     assert resp.audio_latency_s == pytest.approx(resp.ttfs_s)
     assert resp.first_audio is not None and resp.first_audio.duration_s > 0.3
     s.close()
 
     # verified in cost-curve-sized chunks, the surviving sentence still plays at once
     c = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False, first_pass="chunks")
-    c.update(prompt)
+    heard = prompt.lower()  # the last partial transcript differs (in case only)
+    c.update(heard)
     rc = c.finish(prompt)
     assert rc.presynth_used and rc.token_ids == resp.token_ids and rc.nfetfs >= 1
+    # verified in one pass, the whole surviving first sentence costs exactly one
+    o = PredictiveResponder(hf_smol, tts=piper, max_tokens=40, speak_rest=False)
+    o.update(heard)
+    ro = o.finish(prompt)
+    assert ro.presynth_used and ro.token_ids == resp.token_ids and ro.nfetfs == 1
+    o.close()
     c.close()
     with pytest.raises(ConfigError, match="first_pass"):
         PredictiveResponder(hf_smol, first_pass="half")
@@ -200,9 +208,9 @@ def test_relaxed_verifiers_run(llama_smol, verifier):
     # updates without deadlines: each one verifies the previous candidate, whatever the load
     words = PROMPTS[0].split()
     s = PredictiveResponder(llama_smol, verifier=verifier, max_tokens=40, speak_rest=False)
-    for n in range(max(1, len(words) - 3), len(words) + 1):
+    for n in range(max(1, len(words) - 3), len(words)):
         s.update(" ".join(words[:n]))
-    resp = s.finish()
+    resp = s.finish(PROMPTS[0])  # the last word is new: the candidate is verified
     assert resp.response and resp.first_sentence and resp.nfetfs >= 1
     assert sum(u.drafted for u in s.updates) > 0
     s.close()

@@ -152,6 +152,18 @@ class SpeculativeDecoder:
         self.last_stats.prefill_forwards = 1
         return []
 
+    def prefill(self, prompt_ids: Sequence[int]) -> None:
+        """Make the cache hold ``prompt_ids[:-1]`` now (reusing its common prefix), so a later
+        ``generate`` on this prompt, or on one that extends it, starts with little to compute."""
+        prompt = [int(t) for t in prompt_ids]
+        if len(prompt) >= self.target.n_ctx:
+            raise ContextOverflowError(
+                f"prompt has {len(prompt)} tokens but the context window of {self.target.name} "
+                f"holds {self.target.n_ctx}"
+            )
+        if len(prompt) > 1:
+            self._prefill(prompt, 0)
+
     def generate(
         self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
     ) -> Iterator[StepEvent]:

@@ -60,6 +60,10 @@ class TranscribeConfig:
     #: the full window and verifies every token, so only acceptance can change. None: full window.
     #: Self-drafts share the target's encoder output and ignore it.
     draft_audio_margin_s: float | None = 1.0
+    #: the target encodes only the audio plus this margin (seconds) too: several times faster
+    #: on short audio (a live turn), and no longer identical to the full-window AR transcript.
+    #: None: Whisper's full 30 s window (the reference every lossless method reproduces).
+    target_audio_margin_s: float | None = None
     #: draft length of plain SD
     sd_len: int = 8
     #: SpecASR switches (defaults: every technique on)
@@ -142,7 +146,9 @@ class Transcriber:
         self.draft_backend: WhisperBackend | None = None
         if cfg.method == "faster-whisper":
             return
-        self.target = target or load_whisper(cfg.model, threads=cfg.threads)
+        self.target = target or load_whisper(
+            cfg.model, threads=cfg.threads, audio_margin_s=cfg.target_audio_margin_s
+        )
         if cfg.method == "ar":
             return
         self.draft_backend = draft_backend or self._load_draft(cfg.draft)

@@ -478,7 +478,7 @@ def load_whisper(
 
     ``vocab_limit`` (drafts only) scores just the most frequent ids plus the special tokens;
     ``int8`` (drafts only) quantizes the decoder's projections and LM head to int8;
-    ``audio_margin_s`` (drafts only) encodes just the audio plus that margin, not 30 s.
+    ``audio_margin_s`` encodes just the audio plus that margin, not 30 s (drafts; a live target).
     """
     import torch
 

@@ -16,12 +16,24 @@ top-K), ``reflection`` (the model judges, with the appendix A.2 yes/no prompt, w
 candidate's first sentence is consistent with the partial prompt; yes accepts that sentence
 whole, no falls back to greedy). Partial prompts use the appendix A.3 system prompt.
 
-``baseline=True`` is the plain cascade: wait for the full prompt, generate, then TTS.
+Baselines (``mode``), plain autoregressive decoding of the same target, for honest comparison:
+
+- ``cascade`` (``baseline=True``): wait for the full prompt, generate, then TTS;
+- ``prefill``: the cascade, but every partial prompt is prefilled into the KV cache while the
+  user speaks, so only the changed tail is computed at the end (no speculation);
+- ``preemptive``: LiveKit-style preemptive generation: every new partial prompt restarts a plain
+  generation of the first sentence (and its synthesis); the final prompt keeps it only when it
+  is unchanged, else it is discarded and generated again (no verification, no partial reuse).
+
+``respond()`` streams the answer to the final prompt (text deltas, then each sentence with its
+audio as soon as it is complete), so a live pipeline can interleave it with listening and stop
+it on barge-in; ``finish()`` runs it to the end.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,7 +44,7 @@ from speclive.decoder import GenerationConfig, SpeculativeDecoder
 from speclive.drafting.history import HistoryDrafter
 from speclive.errors import ConfigError, SessionClosedError
 from speclive.tts.base import TTS, Audio
-from speclive.tts.sentences import first_sentence_end, split_sentences
+from speclive.tts.sentences import first_sentence_end
 
 SYSTEM_PROMPT = (
     "The instruction provided by the user may be truncated. In such cases, respond based on your "
@@ -46,6 +58,8 @@ REFLECTION_PROMPT = (
 )
 VERIFIERS = ("greedy", "topk:K", "reflection")
 FIRST_PASS = ("sentence", "chunks")
+#: ``predgen`` speculates; the others are the non-speculative baselines (module docstring)
+MODES = ("predgen", "cascade", "prefill", "preemptive")
 
 
 @dataclass
@@ -56,7 +70,9 @@ class PredGenConfig:
     #: tokens generated past the end of the first sentence while speculating
     lookahead: int = 0
     system: str = SYSTEM_PROMPT
-    #: plain cascade: no speculation before the full prompt
+    #: predgen | cascade | prefill | preemptive (see the module docstring)
+    mode: str = "predgen"
+    #: shorthand for ``mode="cascade"``
     baseline: bool = False
     #: synthesize the sentences after the first too (a real voice chat does; benchmarks may not)
     speak_rest: bool = True
@@ -78,6 +94,9 @@ class PredGenConfig:
     #: 1.35x with chunks -- the accepted sentences' extra passes cost more than the early
     #: rejections saved -- so one pass stays the default.
     first_pass: str = "sentence"
+    #: a line break ends a sentence too (shorter first sentences for a voice: a list's lead-in
+    #: is spoken before its first item is generated)
+    line_breaks: bool = False
 
 
 @dataclass
@@ -114,6 +133,22 @@ class PredGenResponse:
     audio: list[Audio] = field(default_factory=list, repr=False)
     total_s: float = 0.0
     forwards: int = 0
+
+
+@dataclass
+class ReplyPart:
+    """One piece of a streamed answer (``PredictiveResponder.respond``).
+
+    ``kind``: ``"text"`` (``text`` is a delta of the answer), ``"sentence"`` (a complete
+    sentence, its ``index`` and its ``audio`` when a TTS is attached; the first carries the
+    latency figures of ``response``), ``"done"`` (``response`` holds the whole answer).
+    """
+
+    kind: str
+    text: str = ""
+    index: int = 0
+    audio: Audio | None = field(default=None, repr=False)
+    response: PredGenResponse | None = None
 
 
 #: method options after '@' besides FIRST_PASS: "fits" = pre-synthesize only what fits before
@@ -165,6 +200,10 @@ def _parse_verifier(spec: str):
     raise ConfigError(f"invalid verifier {spec!r}; allowed values: {', '.join(VERIFIERS)}")
 
 
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
 class PredictiveResponder:
     """Session: ``update(partial)`` while the user speaks, ``finish()`` once at the end."""
 
@@ -179,21 +218,27 @@ class PredictiveResponder:
         cfg = config or PredGenConfig()
         if overrides:
             cfg = PredGenConfig(**{**cfg.__dict__, **overrides})
+        if cfg.baseline:
+            cfg.mode = "cascade"
+        if cfg.mode not in MODES:
+            raise ConfigError(f"invalid mode {cfg.mode!r}; allowed values: {', '.join(MODES)}")
         if cfg.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {cfg.max_tokens}")
         if cfg.first_pass not in FIRST_PASS:
             allowed = ", ".join(FIRST_PASS)
             raise ConfigError(f"invalid first_pass {cfg.first_pass!r}; allowed values: {allowed}")
         self.cfg = cfg
+        self.mode = cfg.mode
+        self.speculative = cfg.mode == "predgen"
         self.kind, rule = _parse_verifier(cfg.verifier)
         self.one_pass_first = cfg.first_pass == "sentence"
         self.backend = model
         self.tok = model.tokenizer
         self.tts = tts
         self.history = list(history or [])
-        self.drafter = None if cfg.baseline else HistoryDrafter(recycle=True)
-        self.decoder = SpeculativeDecoder(model, self.drafter, None if cfg.baseline else rule)
-        self._judge_state = model.new_state() if self.kind == "reflection" and not cfg.baseline else None
+        self.drafter = HistoryDrafter(recycle=True) if self.speculative else None
+        self.decoder = SpeculativeDecoder(model, self.drafter, rule if self.speculative else None)
+        self._judge_state = model.new_state() if self.kind == "reflection" and self.speculative else None
         self._yes, self._no = self._answer_ids("yes"), self._answer_ids("no")
         self.candidate: list[int] = []
         self.presynth: tuple[str, Audio] | None = None
@@ -208,7 +253,7 @@ class PredictiveResponder:
     # ---- prompts -------------------------------------------------------------------------
     def prompt_ids(self, partial: str) -> list[int]:
         """The chat prompt; the system prompt is there for the final prompt too (and for the
-        baseline), so greedy PredGen and the cascade answer the very same prompt."""
+        baselines), so greedy PredGen and the cascade answer the very same prompt."""
         return chat_prompt(self.tok, partial, self.history, self.cfg.system)
 
     def _answer_ids(self, word: str) -> list[int]:
@@ -224,27 +269,23 @@ class PredictiveResponder:
         row = self.backend.sync(self._judge_state, ids)[-1]
         return float(np.max(row[self._yes])) > float(np.max(row[self._no]))
 
-    # ---- the engine run shared by update and finish ---------------------------------------
-    def _run(self, partial: str, final: bool, deadline: float | None = None, resume: bool = False) -> dict:
-        """Verify the candidate against ``partial`` and generate; stop after the first sentence
-        (+ lookahead) unless ``final``, or at ``deadline`` (a ``time.perf_counter()`` value:
-        newer input has arrived, so this speculation is stale). Returns what happened, with
-        first-sentence timings.
+    # ---- the engine run shared by update and respond -------------------------------------
+    def _start(self, partial: str, resume: bool):
+        """Set up one decoder run for ``partial``: the draft (the old candidate, verified) for
+        PredGen, nothing for the baselines. ``resume`` continues the candidate under the prompt
+        it was made for (its cache is still there) instead of re-verifying it.
 
-        ``resume``: the candidate was cut off (by a deadline) before its first sentence ended;
-        continue it under the same prompt (its cache is still there) instead of re-verifying it.
+        Returns (the decoder's event iterator, the resumed prefix, judge forwards).
         """
-        t0 = time.perf_counter()
         prompt = self.prompt_ids(partial)
         prefix = list(self.candidate) if resume else []
         judge_forwards = 0
-        if resume:
-            assert self.drafter is not None
+        if self.drafter is not None and resume:
             self.drafter.set_history([])
         elif self.drafter is not None:
             forced = first = 0
             old_text = self.tok.decode(self.candidate)
-            end = first_sentence_end(old_text)
+            end = first_sentence_end(old_text, line_breaks=self.cfg.line_breaks)
             if end > 0:
                 first = self._tokens_covering(self.candidate, end)
                 if self.kind == "reflection":
@@ -253,45 +294,50 @@ class PredictiveResponder:
                         forced = first
             one_pass = first if self.one_pass_first else 0
             self.drafter.set_history(self.candidate, forced=forced, first_chunk=one_pass)
-        gen = GenerationConfig(max_tokens=self.cfg.max_tokens, max_draft_nodes=512)
+        gen = GenerationConfig(max_tokens=max(1, self.cfg.max_tokens - len(prefix)), max_draft_nodes=512)
+        return self.decoder.generate(prompt + prefix, gen), prefix, judge_forwards
+
+    def _forwards(self, judge_forwards: int) -> int:
+        st = self.decoder.last_stats
+        return judge_forwards + st.prefill_forwards + st.target_forwards
+
+    def _run(self, partial: str, deadline: float | None = None, resume: bool = False) -> dict:
+        """Speculate on ``partial``: stop after the first sentence (+ lookahead), or at
+        ``deadline`` (a ``time.perf_counter()`` value: newer input has arrived, so this
+        speculation is stale). Returns what happened."""
+        t0 = time.perf_counter()
+        events, prefix, judge_forwards = self._start(partial, resume=resume)
         out: list[int] = list(prefix)
-        first_end, first_at, first_fw, extra = -1, None, 0, 0
-        gen.max_tokens = max(1, self.cfg.max_tokens - len(prefix))
-        events = self.decoder.generate(prompt + prefix, gen)
+        first_end, extra = -1, 0
         try:
             for ev in events:
                 stats = self.decoder.last_stats  # the generator made it on its first step
                 out.extend(ev.tokens)
                 if first_end < 0:
                     text = self.tok.decode(out)
-                    first_end = first_sentence_end(text, complete=bool(stats.finish_reason))
-                    if first_end >= 0:
-                        first_at = time.perf_counter()
-                        first_fw = judge_forwards + stats.prefill_forwards + stats.target_forwards
-                elif not final:
+                    first_end = first_sentence_end(
+                        text, complete=bool(stats.finish_reason), line_breaks=self.cfg.line_breaks
+                    )
+                else:
                     extra += len(ev.tokens)
-                if first_end >= 0 and not final and extra >= self.cfg.lookahead:
+                if first_end >= 0 and extra >= self.cfg.lookahead:
                     break
-                if deadline is not None and not final and time.perf_counter() >= deadline:
+                if deadline is not None and time.perf_counter() >= deadline:
                     break  # the partial candidate is kept: the next update verifies and extends it
         finally:
             events.close()
         stats = self.decoder.last_stats
         text = self.tok.decode(out)
         # cut off by a deadline before the first sentence ended: no first sentence (yet)
-        cut_off = first_end < 0 and not final and not stats.finish_reason
+        cut_off = first_end < 0 and not stats.finish_reason
         if first_end < 0 and not cut_off:  # the answer ended (or hit max_tokens) without a sentence end
             first_end = len(text.rstrip()) if text.strip() else -1
-            first_at = time.perf_counter()
-            first_fw = judge_forwards + stats.prefill_forwards + stats.target_forwards
         return {
             "t0": t0,
             "ids": out,
             "text": text,
             "first": text[:first_end].strip() if first_end >= 0 else "",
-            "first_at": first_at,
-            "first_forwards": first_fw,
-            "forwards": judge_forwards + stats.prefill_forwards + stats.target_forwards,
+            "forwards": self._forwards(judge_forwards),
             "drafted": sum(stats.drafted_by_source.get(s, 0) for s in ("history", "forced")),
             "accepted": sum(stats.accepted_by_source.get(s, 0) for s in ("history", "forced")),
         }
@@ -320,37 +366,59 @@ class PredictiveResponder:
     #: ``update`` takes a ``deadline`` (``simulate_user`` passes the next word's arrival)
     supports_deadline = True
 
-    def update(self, partial: str, deadline: float | None = None) -> CandidateUpdate:
+    def update(
+        self, partial: str, deadline: float | None = None, synth_deadline: float | None = None
+    ) -> CandidateUpdate:
         """A new partial prompt: re-verify and extend the candidate, pre-synthesize its first
         sentence if it changed.
 
         ``deadline`` (a ``time.perf_counter()`` value) is when newer input will be waiting: the
         speculation yields then, as a live session polling its input between target passes
         would, keeping what it generated so far; the first sentence is pre-synthesized only if
-        the synthesis is expected to finish by then.
+        the synthesis is expected to finish by then (or by ``synth_deadline`` when given: a
+        live pipeline yields often to listen, but has time for a synthesis until its next
+        transcription pass).
+
+        The baselines: ``cascade`` does nothing, ``prefill`` only prefills the partial prompt,
+        ``preemptive`` restarts a plain generation whenever the partial prompt changed.
         """
         if self.finished:
             raise SessionClosedError("update() after finish(): this PredGen session is closed")
-        partial = " ".join(partial.split())
-        if self.cfg.baseline or not partial:
+        partial = _norm(partial)
+        t0 = time.perf_counter()
+        if self.mode in ("cascade", "prefill") or not partial:
+            if self.mode == "prefill" and partial:
+                self.decoder.prefill(self.prompt_ids(partial))
             self.partial = self.latest = partial
-            u = CandidateUpdate(partial, "", "")
+            u = CandidateUpdate(partial, "", "", seconds=time.perf_counter() - t0)
             self.updates.append(u)
             return u
-        # A candidate cut off before its first sentence ended is first completed under the
-        # prompt it was made for: re-verifying it against every new word would cost as much as
-        # the time between words on a CPU, and it would never grow. New words wait for the
-        # next update (and are always checked by the final verification).
-        resume = self._cut_off and bool(self.candidate) and bool(self.partial)
+        if self.mode == "preemptive":
+            if partial == self.partial and not self._cut_off:
+                self.latest = partial  # the generation for this prompt is already complete
+                u = CandidateUpdate(partial, self.tok.decode(self.candidate), self._last_first)
+                self.updates.append(u)
+                return u
+            # a changed prompt discards the candidate (no verification, no reuse)
+            resume = partial == self.partial and bool(self.candidate)
+            if not resume:
+                self.candidate, self.presynth = [], None
+        else:
+            # A candidate cut off before its first sentence ended is first completed under the
+            # prompt it was made for: re-verifying it against every new word would cost as much
+            # as the time between words on a CPU, and it would never grow. New words wait for
+            # the next update (and are always checked by the final verification).
+            resume = self._cut_off and bool(self.candidate) and bool(self.partial)
         # may raise (e.g. too long): the session stays as it was
-        r = self._run(self.partial if resume else partial, final=False, deadline=deadline, resume=resume)
+        r = self._run(self.partial if resume else partial, deadline=deadline, resume=resume)
         self._cut_off = not r["first"]
         self.latest = partial
         if not resume:
             self.partial = partial
         self.candidate = r["ids"]
         u = CandidateUpdate(partial, r["text"], r["first"], r["drafted"], r["accepted"], r["forwards"], 0.0)
-        fits = deadline is None or time.perf_counter() + self._synth_estimate(r["first"]) <= deadline
+        synth_by = synth_deadline if synth_deadline is not None else deadline
+        fits = synth_by is None or time.perf_counter() + self._synth_estimate(r["first"]) <= synth_by
         # a sentence the verifier kept against newer input is likely the final one: worth
         # delaying the next update for (the new words wait, as during any long update)
         stable = self.cfg.presynth_stable and bool(r["first"]) and r["first"] == self._last_first
@@ -365,42 +433,120 @@ class PredictiveResponder:
         self.updates.append(u)
         return u
 
-    def finish(self, final: str | None = None) -> PredGenResponse:
-        """The complete prompt: final verification, first sentence audio, then the rest."""
+    def respond(self, final: str | None = None) -> Iterator[ReplyPart]:
+        """The complete prompt: final verification, then the answer as it is generated.
+
+        Yields text deltas and each complete sentence with its audio (the first one's audio is
+        the pre-synthesized one when the sentence survived), then ``"done"`` with the
+        ``PredGenResponse``. Closing the iterator early (barge-in) stops the generation.
+        """
         if self.finished:
             raise SessionClosedError("finish() called twice: this PredGen session is closed")
-        prompt = " ".join((self.latest if final is None else final).split())
+        prompt = _norm(self.latest if final is None else final)
         if not prompt:
             raise ConfigError("empty prompt: nothing to answer")
         self.finished = True
-        r = self._run(prompt, final=True)
-        first = r["first"]
-        ttfs = r["first_at"] - r["t0"]
-        presynth_used = self.presynth is not None and self.presynth[0] == first
-        if presynth_used:
-            first_audio: Audio | None = self.presynth[1]  # type: ignore[index]
-            latency = ttfs
-        else:
-            # synthesized after the text was complete: its time adds to the latency
-            first_audio = self._synthesize(first)
-            latency = ttfs + (first_audio.synth_s if first_audio is not None else 0.0)
-        audio = [first_audio] if first_audio is not None else []
-        if self.cfg.speak_rest and self.tts is not None:
-            audio += [self.tts.synthesize(s) for s in split_sentences(r["text"])[1:]]
-        self.candidate = r["ids"]
-        return PredGenResponse(
-            response=r["text"].strip(),
+        # A candidate made for this very prompt (an update on the same text, e.g. at a pause)
+        # is already what the verifier keeps: continue it instead of verifying it again.
+        # Preemptive keeps its generation only then, and discards it otherwise.
+        resume = (
+            self.mode in ("predgen", "preemptive")
+            and prompt == self.partial
+            and 0 < len(self.candidate) < self.cfg.max_tokens
+        )
+        if self.mode == "preemptive" and not resume:
+            self.presynth = None
+        t0 = time.perf_counter()
+        events, prefix, judge_forwards = self._start(prompt, resume=resume)
+        out: list[int] = list(prefix)
+        shown = spoken = 0  # characters of the answer yielded as text / as sentences
+        n_sentences = 0
+        first: str | None = None
+        ttfs = latency = 0.0
+        nfetfs = 0
+        presynth_used = False
+        first_audio: Audio | None = None
+        audio: list[Audio] = []
+        text = ""
+
+        def parts(complete: bool) -> Iterator[ReplyPart]:
+            """What the answer so far adds: a text delta, then each newly complete sentence."""
+            nonlocal shown, spoken, n_sentences, first, ttfs, latency, nfetfs, presynth_used, first_audio
+            visible = text if complete else text.rstrip("\ufffd")
+            if len(visible) > shown:
+                yield ReplyPart("text", visible[shown:])
+                shown = len(visible)
+            while True:
+                end = first_sentence_end(text[spoken:], complete=complete, line_breaks=self.cfg.line_breaks)
+                if end < 0:
+                    return
+                sentence = text[spoken : spoken + end].strip()
+                spoken += end
+                if not sentence:
+                    continue
+                if first is None:
+                    first = sentence
+                    ttfs = time.perf_counter() - t0
+                    nfetfs = self._forwards(judge_forwards) if n_steps else 0
+                    presynth_used = self.presynth is not None and self.presynth[0] == sentence
+                    if presynth_used:
+                        first_audio = self.presynth[1]  # type: ignore[index]
+                        latency = ttfs
+                    else:  # synthesized after the text was complete: its time adds up
+                        first_audio = self._synthesize(sentence)
+                        latency = ttfs + (first_audio.synth_s if first_audio is not None else 0.0)
+                    part_audio = first_audio
+                else:
+                    part_audio = self._synthesize(sentence) if self.cfg.speak_rest else None
+                if part_audio is not None:
+                    audio.append(part_audio)
+                yield ReplyPart("sentence", sentence, index=n_sentences, audio=part_audio)
+                n_sentences += 1
+
+        n_steps = 0
+        try:
+            if prefix:  # a resumed candidate may hold whole sentences: they need no decoding
+                text = self.tok.decode(out)
+                yield from parts(complete=False)
+            for ev in events:
+                n_steps += 1
+                out.extend(ev.tokens)
+                text = self.tok.decode(out)
+                yield from parts(complete=bool(self.decoder.last_stats.finish_reason))
+        finally:
+            events.close()
+        if first is None:  # an empty answer
+            first, ttfs = "", time.perf_counter() - t0
+            latency, nfetfs = ttfs, self._forwards(judge_forwards)
+        self.candidate = out
+        response = PredGenResponse(
+            response=text.strip(),
             first_sentence=first,
-            token_ids=r["ids"],
+            token_ids=out,
             ttfs_s=ttfs,
-            nfetfs=r["first_forwards"],
+            nfetfs=nfetfs,
             audio_latency_s=latency,
             presynth_used=presynth_used,
             first_audio=first_audio,
             audio=audio,
-            total_s=time.perf_counter() - r["t0"],
-            forwards=r["forwards"],
+            total_s=time.perf_counter() - t0,
+            forwards=self._forwards(judge_forwards),
         )
+        yield ReplyPart("done", response=response)
+
+    @property
+    def incomplete(self) -> bool:
+        """The last speculation stopped (at its deadline) before its first sentence ended."""
+        return self._cut_off
+
+    def finish(self, final: str | None = None) -> PredGenResponse:
+        """The complete prompt: final verification, first sentence audio, then the rest."""
+        response = None
+        for part in self.respond(final):
+            if part.kind == "done":
+                response = part.response
+        assert response is not None
+        return response
 
     def close(self) -> None:
         self.decoder.close()

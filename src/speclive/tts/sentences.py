@@ -12,12 +12,20 @@ import re
 _END = re.compile(r"(?<!\b\d)(?<!\b[A-Za-z])[.?!]+[\"')\]]*(?=\s)")
 
 
-def first_sentence_end(text: str, complete: bool = False) -> int:
+def first_sentence_end(text: str, complete: bool = False, line_breaks: bool = False) -> int:
     """Character index just past the first sentence, or -1 if it is not finished yet.
 
     ``complete``: the text is the whole response, so its end also ends a sentence.
+    ``line_breaks``: a line break after some text ends a sentence too (a list's lead-in
+    "... are:" and each item are spoken as sentences of their own).
     """
     start = len(text) - len(text.lstrip())
+    if line_breaks:
+        nl = text.find("\n", start)
+        if nl > start:
+            m = _END.search(text, start)
+            if m is None or m.end() > nl:
+                return nl
     for m in _END.finditer(text):
         if m.end() > start and text[start : m.end()].strip():
             return m.end()
@@ -26,12 +34,12 @@ def first_sentence_end(text: str, complete: bool = False) -> int:
     return -1
 
 
-def split_sentences(text: str) -> list[str]:
+def split_sentences(text: str, line_breaks: bool = False) -> list[str]:
     """All sentences of a complete response, in order."""
     out = []
     rest = text
     while rest.strip():
-        end = first_sentence_end(rest, complete=True)
+        end = first_sentence_end(rest, complete=True, line_breaks=line_breaks)
         out.append(rest[:end].strip())
         rest = rest[end:]
     return out

@@ -1,0 +1,288 @@
+"""``VoiceChat``: speech in, a spoken answer out, speculating while the user speaks.
+
+VAD turn detection -> streaming transcription (SpecASR decode, LocalAgreement partials) ->
+every new partial transcript feeds a ``PredictiveResponder`` while the user is still speaking
+(the old candidate answer is verified against the new words, its first sentence
+pre-synthesized) -> at a pause the whole turn is transcribed and the candidate verified against
+that transcript -> at the end of turn the answer streams sentence by sentence, its first
+sentence's audio usually ready already. Multi-turn history; barge-in (speech during the answer)
+stops the answer, and the history keeps only what was played.
+
+``mode`` picks the method: ``predgen`` (the default) or a baseline on the same models —
+``cascade`` (wait for the end of turn, transcribe, generate, synthesize), ``prefill`` (the
+cascade with the partial transcript prefilled while the user speaks) and ``preemptive``
+(LiveKit-style: generate from each new transcript, keep it only if the final one is the same).
+
+Playback is modelled, not performed: a sentence plays from when it is ready, the end of turn
+and the end of the previous sentence, whichever is latest (``AudioChunk.play_at``). That is
+what ``latency_s`` (end of speech -> first answer audio plays) and barge-in use.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from speclive.backends.base import Backend
+from speclive.errors import ConfigError
+from speclive.live.clock import Clock
+from speclive.live.events import (
+    AnswerDelta,
+    AudioChunk,
+    Event,
+    Interrupted,
+    Notice,
+    Speculation,
+    TranscriptPartial,
+    TurnMetrics,
+)
+from speclive.live.pipeline import LiveConfig, LivePipeline, _Turn
+from speclive.sessions.predictive import MODES, PredGenConfig, PredictiveResponder, ReplyPart
+from speclive.tts.base import TTS
+
+#: which transcripts each method listens to while the user speaks
+_LISTENS = {"predgen": True, "prefill": True, "preemptive": True, "cascade": False}
+
+
+@dataclass
+class _Playing:
+    start: float
+    end: float
+    text: str
+
+
+class VoiceChat(LivePipeline):
+    def __init__(
+        self,
+        llm: Backend,
+        transcriber,
+        tts: TTS | None = None,
+        mode: str = "predgen",
+        predgen: PredGenConfig | None = None,
+        config: LiveConfig | None = None,
+        clock: Clock | None = None,
+        sample_rate: int = 16_000,
+        history: list[dict[str, str]] | None = None,
+    ):
+        if mode not in MODES:
+            raise ConfigError(f"invalid mode {mode!r}; allowed values: {', '.join(MODES)}")
+        cfg = config or LiveConfig()
+        cfg.partials = cfg.early_final = _LISTENS[mode]
+        super().__init__(transcriber, cfg, clock, sample_rate)
+        self.llm = llm
+        self.tts = tts
+        self.mode = mode
+        #: a voice answer splits at line breaks too (a list's lead-in is a sentence of its own)
+        self.pcfg = predgen or PredGenConfig(line_breaks=True)
+        self.history: list[dict[str, str]] = list(history or [])
+        self.responder: PredictiveResponder | None = None
+        self.reply: Iterator[ReplyPart] | None = None
+        self.reply_turn: _Turn | None = None
+        self.playing: list[_Playing] = []
+        self._first_ready: float | None = None
+        self._answer = ""
+
+    # ---- turn hooks -------------------------------------------------------------------------
+    def _new_responder(self) -> PredictiveResponder:
+        if self.responder is not None:
+            self.responder.close()
+        cfg = PredGenConfig(**{**self.pcfg.__dict__, "mode": self.mode, "baseline": False})
+        self.responder = PredictiveResponder(self.llm, cfg, tts=self.tts, history=self.history)
+        return self.responder
+
+    def _on_turn_start(self, turn: _Turn) -> list[Event]:
+        self._new_responder()
+        return []
+
+    def _on_end(self, turn: _Turn) -> list[Event]:
+        if not turn.final:
+            return [Notice(self.clock(), "no_speech", "the turn had no words"), self._metrics(turn, None)]
+        assert self.responder is not None
+        self.reply = self.responder.respond(turn.final)
+        self.reply_turn = turn
+        self.playing, self._first_ready, self._answer = [], None, ""
+        return []
+
+    def _interrupt(self, now: float) -> list[Event]:
+        """Barge-in: stop generating, keep what was played in the history."""
+        playing_now = any(p.end > now for p in self.playing)
+        if self.reply is None and not playing_now:
+            return []
+        played = []
+        for p in self.playing:
+            if p.end <= now:
+                played.append(p.text)
+            elif p.start < now:  # cut mid-sentence: keep the share of it that was heard
+                words = p.text.split()
+                share = (now - p.start) / max(1e-6, p.end - p.start)
+                played.append(" ".join(words[: int(len(words) * share)]))
+        played_text = " ".join(x for x in played if x).strip()
+        events: list[Event] = []
+        turn = self.reply_turn
+        if self.reply is not None:
+            self.reply.close()
+            self.reply = None
+            if turn is not None:
+                m = self._metrics(turn, None)
+                m.extra["interrupted"] = True
+                events.append(m)
+        elif self.history and self.history[-1]["role"] == "assistant":
+            self.history.pop()  # the answer was complete but not all of it was heard
+        if turn is not None and turn.final:
+            if not (self.history and self.history[-1]["role"] == "user"):
+                self.history.append({"role": "user", "content": turn.final})
+            if played_text:
+                self.history.append({"role": "assistant", "content": played_text})
+        self.playing = [p for p in self.playing if p.end <= now]
+        self.reply_turn = None
+        return [Interrupted(now, played=played_text), *events]
+
+    # ---- compute ----------------------------------------------------------------------------
+    def _work(self, deadline: float | None) -> list[Event] | None:
+        if self.reply is not None:
+            return self._reply_step()
+        turn, r = self.turn, self.responder
+        if turn is None or turn.ended or r is None or self.mode == "cascade":
+            return None
+        text = turn.final if turn.final is not None else turn.partial
+        if not text or (text == r.latest and not r.incomplete):
+            return None
+        if turn.final is not None:
+            # the turn is probably over: finish the first sentence and its audio now
+            perf_deadline = synth_deadline = None
+        else:
+            # yield when the caller has new input (the VAD must hear a pause at once), but
+            # leave time for a synthesis until the next transcription pass is due
+            next_pass = turn.audio_start_t + turn.fed_s + self.cfg.asr_step_s
+            perf_deadline = None if deadline is None else self.clock.to_perf(deadline)
+            synth_deadline = self.clock.to_perf(next_pass)
+        t0 = time.perf_counter()
+        u = r.update(text, deadline=perf_deadline, synth_deadline=synth_deadline)
+        dt = time.perf_counter() - t0
+        self._charge(turn, "tts", u.tts_s)
+        self._charge(turn, "llm", dt - u.tts_s)
+        if self.mode == "prefill" or not u.first_sentence:
+            return []  # a prefill, or a speculation that yielded before its first sentence ended
+        return [
+            Speculation(
+                self.clock(),
+                partial=text,
+                candidate=u.candidate,
+                first_sentence=u.first_sentence,
+                drafted=u.drafted,
+                accepted=u.accepted,
+                presynthesized=r.presynth is not None and r.presynth[0] == u.first_sentence,
+            )
+        ]
+
+    def _reply_step(self) -> list[Event]:
+        assert self.reply is not None and self.reply_turn is not None
+        turn = self.reply_turn
+        t0 = time.perf_counter()
+        try:
+            part = next(self.reply)
+        except StopIteration:  # pragma: no cover - respond() always ends with "done"
+            self.reply = None
+            return []
+        dt = time.perf_counter() - t0
+        now = self.clock()
+        if part.kind == "text":
+            self._charge(turn, "llm", dt)
+            self._answer += part.text
+            return [AnswerDelta(now, text=part.text)]
+        if part.kind == "sentence":
+            synth = part.audio.synth_s if part.audio is not None and part.index > 0 else 0.0
+            if part.index == 0 and part.audio is not None:
+                r = self.responder
+                if not (r is not None and r.presynth is not None and r.presynth[1] is part.audio):
+                    synth = part.audio.synth_s
+            self._charge(turn, "tts", synth)
+            self._charge(turn, "llm", dt - synth)
+            if self._first_ready is None:
+                self._first_ready = now
+            if part.audio is None:
+                return []
+            eot = turn.eot_t if turn.eot_t is not None else now
+            prev_end = self.playing[-1].end if self.playing else 0.0
+            start = max(now, eot, prev_end)
+            dur = part.audio.duration_s
+            self.playing.append(_Playing(start, start + dur, part.text))
+            return [
+                AudioChunk(
+                    now,
+                    samples=part.audio.samples,
+                    sample_rate=part.audio.sample_rate,
+                    sentence=part.index,
+                    text=part.text,
+                    play_at=start,
+                    duration_s=dur,
+                )
+            ]
+        # done
+        self._charge(turn, "llm", dt)
+        self.reply = None
+        resp = part.response
+        assert resp is not None
+        self.history += [
+            {"role": "user", "content": turn.final or ""},
+            {"role": "assistant", "content": resp.response},
+        ]
+        m = self._metrics(turn, resp)
+        return [m]
+
+    def _metrics(self, turn: _Turn, resp) -> TurnMetrics:
+        r = self.responder
+        ups = r.updates if r is not None else []
+        end = turn.speech_end_t if turn.speech_end_t is not None else turn.start_t
+        eot = turn.eot_t if turn.eot_t is not None else self.clock()
+        first_play = self.playing[0].start if self.playing else None
+        if first_play is None and self._first_ready is not None:  # no TTS: the text is what is ready
+            first_play = max(self._first_ready, eot)
+        final_stats = r.decoder.last_stats if (r is not None and resp is not None) else None
+        accepted = sum(u.accepted for u in ups)
+        drafted = sum(u.drafted for u in ups)
+        if final_stats is not None and self.mode == "predgen":
+            hist = ("history", "forced")
+            accepted += sum(final_stats.accepted_by_source.get(s, 0) for s in hist)
+            drafted += sum(final_stats.drafted_by_source.get(s, 0) for s in hist)
+        extra = {"mode": self.mode}
+        if resp is not None:
+            extra.update(
+                first_sentence=resp.first_sentence,
+                presynth_used=resp.presynth_used,
+                ttfs_s=round(resp.ttfs_s, 4),
+                nfetfs=resp.nfetfs,
+                final_forwards=resp.forwards,
+            )
+        return TurnMetrics(
+            self.clock(),
+            turn=turn.index,
+            transcript=turn.final or "",
+            answer=resp.response if resp is not None else self._answer.strip(),
+            latency_s=None if first_play is None else first_play - end,
+            audio_ready_s=None if self._first_ready is None else self._first_ready - end,
+            eot_delay_s=eot - end,
+            speech_end_t=end,
+            audio_ready_at_eot=self._first_ready is not None and self._first_ready <= eot + 1e-9,
+            asr_s=turn.compute["asr"],
+            llm_s=turn.compute["llm"],
+            tts_s=turn.compute["tts"],
+            asr_passes=turn.asr_passes,
+            target_forwards=sum(u.forwards for u in ups) + (resp.forwards if resp is not None else 0),
+            speculations=sum(1 for u in ups if u.candidate),
+            drafted=drafted,
+            accepted=accepted,
+            max_lag_s=turn.max_lag_s,
+            extra=extra,
+        )
+
+    def _on_close(self) -> list[Event]:
+        if self.responder is not None:
+            self.responder.close()
+            self.responder = None
+        return []
+
+    # keep the partial-transcript hook explicit: the text is read by ``_work``
+    def _on_partial(self, turn: _Turn, partial: TranscriptPartial) -> list[Event]:
+        return []
