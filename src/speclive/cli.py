@@ -150,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
 
     add_transcribe_parser(sub)
 
+    from speclive.live.cli import add_live_parser
+
+    add_live_parser(sub)
+
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -223,13 +223,14 @@ def stream_file(
     yield asr.process(final=True)
 
 
-def transcriber_recognizer(transcriber: Any) -> Recognizer:
-    """A ``Recognizer`` over an ``asr.transcribe.Transcriber`` (any method)."""
+def transcriber_recognizer(transcriber: Any, loop_fallback: bool = True) -> Recognizer:
+    """A ``Recognizer`` over an ``asr.transcribe.Transcriber`` (any method); see
+    ``Transcriber.transcribe`` for ``loop_fallback``."""
 
     def recognize(audio: np.ndarray) -> list[Word]:
         if transcriber.cfg.method == "faster-whisper":
             return faster_whisper_words(transcriber, audio)
-        return spread_words(transcriber.transcribe(audio).text, audio)
+        return spread_words(transcriber.transcribe(audio, loop_fallback=loop_fallback).text, audio)
 
     return recognize
 

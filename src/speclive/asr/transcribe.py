@@ -63,7 +63,12 @@ class TranscribeConfig:
     #: the target encodes only the audio plus this margin (seconds) too: several times faster
     #: on short audio (a live turn), and no longer identical to the full-window AR transcript.
     #: None: Whisper's full 30 s window (the reference every lossless method reproduces).
+    #: A trimmed window can make Whisper loop; a segment whose text compresses too well
+    #: (``loop_ratio``, faster-whisper's hallucination test) or that runs past
+    #: ``loop_tokens_per_s`` is decoded again over the full window.
     target_audio_margin_s: float | None = None
+    loop_ratio: float = 2.4
+    loop_tokens_per_s: float = 8.0
     #: draft length of plain SD
     sd_len: int = 8
     #: SpecASR switches (defaults: every technique on)
@@ -126,6 +131,14 @@ class Transcript:
             "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in self.segments],
             "stats": self.stats.to_dict(),
         }
+
+
+def _compression_ratio(text: str) -> float:
+    """Bytes of ``text`` over its zlib-compressed bytes (a looping transcript compresses well)."""
+    import zlib
+
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
 class Transcriber:
@@ -193,8 +206,12 @@ class Transcriber:
         return out  # type: ignore[return-value]
 
     # ---- transcription --------------------------------------------------------------
-    def transcribe(self, audio: np.ndarray) -> Transcript:
-        """Transcribe 16 kHz mono float32 audio (see ``asr.audio.load_audio``)."""
+    def transcribe(self, audio: np.ndarray, loop_fallback: bool = True) -> Transcript:
+        """Transcribe 16 kHz mono float32 audio (see ``asr.audio.load_audio``).
+
+        ``loop_fallback=False`` (streaming partials, where speed beats completeness): a
+        trimmed-window segment that loops gives no text instead of a full-window decode.
+        """
         audio = np.asarray(audio, dtype=np.float32)
         if audio.ndim != 1:
             raise ConfigError(f"transcribe() expects mono audio, got shape {audio.shape}")
@@ -204,21 +221,43 @@ class Transcriber:
             chunk = audio[seg.start : seg.end]
             if chunk.size == 0 or float(np.max(np.abs(chunk))) < self.cfg.silence_peak:
                 continue
-            ids, text = self._decode_segment(chunk, stats)
+            ids, text = self._decode_segment(chunk, stats, loop_fallback)
             if text.strip():
                 segments.append(SegmentResult(seg.start_s, seg.end_s, text.strip(), ids))
         return Transcript(" ".join(s.text for s in segments), segments, stats)
 
-    def _decode_segment(self, chunk: np.ndarray, stats: TranscribeStats) -> tuple[list[int], str]:
+    def _decode_segment(
+        self, chunk: np.ndarray, stats: TranscribeStats, loop_fallback: bool = True
+    ) -> tuple[list[int], str]:
         if self.cfg.method == "faster-whisper":
             return self._faster_whisper(chunk, stats)
+        assert self.target is not None
+        margin = self.target.audio_margin_s
+        if margin is None:
+            return self._decode_window(chunk, stats)
+        cap = int(len(chunk) / SAMPLE_RATE * self.cfg.loop_tokens_per_s) + 8
+        ids, text = self._decode_window(chunk, stats, max_tokens=cap)
+        if len(ids) < cap and _compression_ratio(text) <= self.cfg.loop_ratio:
+            return ids, text
+        if not loop_fallback:
+            return [], ""
+        self.target.audio_margin_s = None  # a loop: the full window decides
+        try:
+            return self._decode_window(chunk, stats)
+        finally:
+            self.target.audio_margin_s = margin
+
+    def _decode_window(
+        self, chunk: np.ndarray, stats: TranscribeStats, max_tokens: int | None = None
+    ) -> tuple[list[int], str]:
         assert self.target is not None
         for b in self._backends_to_encode():
             stats.encode_ms += 1000 * b.set_audio(chunk)
         dec = self.decoder_or_ar
         draft_before = self.draft_backend.forward_calls if self.draft_backend is not None else 0
         prompt = self.target.specials.prompt
-        gen = GenerationConfig(max_tokens=self.target.n_ctx - len(prompt) - 1, max_draft_nodes=64)
+        limit = self.target.n_ctx - len(prompt) - 1
+        gen = GenerationConfig(max_tokens=min(limit, max_tokens or limit), max_draft_nodes=64)
         res = dec.run(prompt, gen)
         st = res.stats
         stats.target_forwards += st.target_forwards

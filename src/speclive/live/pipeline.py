@@ -150,7 +150,9 @@ class LivePipeline:
             turn.audio_start_t = (held_start + skip) / SAMPLE_RATE
             self.recent = []
             if self.cfg.partials:
-                turn.asr = OnlineASR(transcriber_recognizer(self.transcriber), StreamConfig(buffer_s=25.0))
+                # a partial that loops is skipped rather than decoded again over the full window
+                recognize = transcriber_recognizer(self.transcriber, loop_fallback=False)
+                turn.asr = OnlineASR(recognize, StreamConfig(buffer_s=25.0))
             self.turn = turn
             events.append(SpeechStarted(now, audio_t=ch.audio_t))
             return events + self._on_turn_start(turn)

@@ -81,6 +81,7 @@ class VoiceChat(LivePipeline):
         self.reply_turn: _Turn | None = None
         self.playing: list[_Playing] = []
         self._first_ready: float | None = None
+        self._presynth_t: tuple[str, float] | None = None  # (first sentence, when its audio was made)
         self._answer = ""
 
     # ---- turn hooks -------------------------------------------------------------------------
@@ -93,6 +94,7 @@ class VoiceChat(LivePipeline):
 
     def _on_turn_start(self, turn: _Turn) -> list[Event]:
         self._new_responder()
+        self._presynth_t = None
         return []
 
     def _on_end(self, turn: _Turn) -> list[Event]:
@@ -162,6 +164,8 @@ class VoiceChat(LivePipeline):
         dt = time.perf_counter() - t0
         self._charge(turn, "tts", u.tts_s)
         self._charge(turn, "llm", dt - u.tts_s)
+        if u.resynthesized:
+            self._presynth_t = (u.first_sentence, self.clock())
         if self.mode == "prefill" or not u.first_sentence:
             return []  # a prefill, or a speculation that yielded before its first sentence ended
         return [
@@ -192,15 +196,20 @@ class VoiceChat(LivePipeline):
             self._answer += part.text
             return [AnswerDelta(now, text=part.text)]
         if part.kind == "sentence":
-            synth = part.audio.synth_s if part.audio is not None and part.index > 0 else 0.0
-            if part.index == 0 and part.audio is not None:
-                r = self.responder
-                if not (r is not None and r.presynth is not None and r.presynth[1] is part.audio):
-                    synth = part.audio.synth_s
+            presynth = (
+                part.index == 0
+                and self._presynth_t is not None
+                and self.responder is not None
+                and self.responder.presynth is not None
+                and part.audio is not None
+                and part.audio is self.responder.presynth[1]
+            )
+            synth = part.audio.synth_s if part.audio is not None and not presynth else 0.0
             self._charge(turn, "tts", synth)
             self._charge(turn, "llm", dt - synth)
             if self._first_ready is None:
-                self._first_ready = now
+                # a pre-synthesized first sentence was ready when its speculation made it
+                self._first_ready = self._presynth_t[1] if presynth else now  # type: ignore[index]
             if part.audio is None:
                 return []
             eot = turn.eot_t if turn.eot_t is not None else now
@@ -239,6 +248,7 @@ class VoiceChat(LivePipeline):
         first_play = self.playing[0].start if self.playing else None
         if first_play is None and self._first_ready is not None:  # no TTS: the text is what is ready
             first_play = max(self._first_ready, eot)
+        ready = self._first_ready
         final_stats = r.decoder.last_stats if (r is not None and resp is not None) else None
         accepted = sum(u.accepted for u in ups)
         drafted = sum(u.drafted for u in ups)
@@ -261,10 +271,10 @@ class VoiceChat(LivePipeline):
             transcript=turn.final or "",
             answer=resp.response if resp is not None else self._answer.strip(),
             latency_s=None if first_play is None else first_play - end,
-            audio_ready_s=None if self._first_ready is None else self._first_ready - end,
+            audio_ready_s=None if ready is None else ready - end,
             eot_delay_s=eot - end,
             speech_end_t=end,
-            audio_ready_at_eot=self._first_ready is not None and self._first_ready <= eot + 1e-9,
+            audio_ready_at_eot=ready is not None and ready <= eot + 1e-9,
             asr_s=turn.compute["asr"],
             llm_s=turn.compute["llm"],
             tts_s=turn.compute["tts"],

@@ -1,0 +1,146 @@
+"""Load the models a live pipeline needs once, and build pipelines over them by name.
+
+The CLI, the benchmark and the server all go through ``load_live_models`` and
+``make_pipeline``, so a pipeline is configured the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from speclive.errors import ConfigError
+from speclive.live.clock import Clock
+from speclive.live.pipeline import LiveConfig, LivePipeline
+from speclive.live.vad import TurnConfig
+
+KINDS = ("chat", "translate", "transcribe")
+
+
+@dataclass
+class LiveModelsConfig:
+    #: the LLM (registry name, .gguf path, HF folder or hub id) and its backend
+    model: str = "qwen2.5-coder-0.5b-instruct"
+    backend: str = "llamacpp"
+    device: str = "cpu"
+    threads: int | None = None
+    #: Whisper target, its draft and the decoding method (``asr.transcribe.METHODS``)
+    asr_model: str = "whisper-base"
+    asr_draft: str = "whisper-tiny.en"
+    asr_method: str = "specasr"
+    #: the target encodes the audio plus this margin, not Whisper's 30 s window (a live turn
+    #: is a few seconds: 3-4x faster; a looping transcript falls back to the full window).
+    #: None: the full window
+    asr_margin_s: float | None = 1.0
+    #: Piper voice; None: no speech output
+    voice: str | None = "piper-joe-medium"
+    #: what to load: an LLM is not needed to transcribe
+    need_llm: bool = True
+
+
+@dataclass
+class LiveModels:
+    cfg: LiveModelsConfig
+    transcriber: object
+    llm: object | None = None
+    tts: object | None = None
+    warm: bool = field(default=False)
+
+    def warm_up(self) -> None:
+        """One tiny run of each model, so the first turn is not the one paying for lazy setup."""
+        import numpy as np
+
+        if self.warm:
+            return
+        tone = (0.1 * np.sin(np.arange(8000) * 0.05)).astype(np.float32)
+        self.transcriber.transcribe(tone)  # type: ignore[attr-defined]
+        if self.tts is not None:
+            self.tts.synthesize("Ready.")  # type: ignore[attr-defined]
+        if self.llm is not None:
+            llm = self.llm
+            state = llm.new_state()  # type: ignore[attr-defined]
+            try:
+                llm.extend(state, llm.tokenizer.encode("Hello"), last_only=True)  # type: ignore[attr-defined]
+            finally:
+                llm.release(state)  # type: ignore[attr-defined]
+        self.warm = True
+
+
+def load_live_models(cfg: LiveModelsConfig | None = None) -> LiveModels:
+    from speclive.asr.transcribe import TranscribeConfig, Transcriber
+
+    cfg = cfg or LiveModelsConfig()
+    tr = Transcriber(
+        TranscribeConfig(
+            model=cfg.asr_model,
+            method=cfg.asr_method,
+            draft=cfg.asr_draft,
+            threads=cfg.threads,
+            target_audio_margin_s=cfg.asr_margin_s,
+        )
+    )
+    llm = None
+    if cfg.need_llm:
+        from speclive.loader import load_backend
+
+        llm = load_backend(cfg.model, cfg.backend, threads=cfg.threads, device=cfg.device)
+    tts = None
+    if cfg.voice:
+        from speclive.tts.piper import PiperTTS
+
+        tts = PiperTTS(cfg.voice)
+    return LiveModels(cfg, tr, llm, tts)
+
+
+def make_pipeline(
+    kind: str,
+    models: LiveModels,
+    mode: str | None = None,
+    clock: Clock | None = None,
+    turn: TurnConfig | None = None,
+    sample_rate: int = 16_000,
+    predgen=None,
+    retranslate=None,
+    asr_step_s: float = 1.0,
+    speak: bool | None = None,
+) -> LivePipeline:
+    """A pipeline of ``kind`` (chat | translate | transcribe) over loaded ``models``.
+
+    ``mode``: for chat ``predgen`` (default) | cascade | prefill | preemptive; for translate
+    ``ssbd`` (default) | ar | cascade. ``predgen``/``retranslate``: their session configs.
+    ``speak``: synthesize the answer (chat, default on) or the finished translated sentences
+    (translate, default off: the bundled voice speaks English).
+    """
+    if kind not in KINDS:
+        raise ConfigError(f"invalid pipeline {kind!r}; allowed values: {', '.join(KINDS)}")
+    live = LiveConfig(turn=turn or TurnConfig(), asr_step_s=asr_step_s)
+    if kind == "transcribe":
+        from speclive.live.transcriber import LiveTranscriber
+
+        return LiveTranscriber(models.transcriber, live, clock, sample_rate)
+    if models.llm is None:
+        raise ConfigError(f"the {kind} pipeline needs an LLM (load_live_models with need_llm=True)")
+    if kind == "chat":
+        from speclive.live.voicechat import VoiceChat
+
+        return VoiceChat(
+            models.llm,  # type: ignore[arg-type]
+            models.transcriber,
+            tts=models.tts if speak is not False else None,  # type: ignore[arg-type]
+            mode=mode or "predgen",
+            predgen=predgen,
+            config=live,
+            clock=clock,
+            sample_rate=sample_rate,
+        )
+    from speclive.live.translator import LiveTranslator
+
+    return LiveTranslator(
+        models.llm,  # type: ignore[arg-type]
+        models.transcriber,
+        mode=mode or "ssbd",
+        retranslate=retranslate,
+        tts=models.tts if speak else None,  # type: ignore[arg-type]
+        config=live,
+        clock=clock,
+        sample_rate=sample_rate,
+    )

@@ -1,0 +1,220 @@
+"""``speclive live chat|translate|transcribe INPUT.wav``: a live pipeline over a recording.
+
+The file is played into the pipeline in 100 ms chunks, on an honest simulated clock by default
+(every second of compute is charged; idle time is skipped) or at 1x real time (``--realtime``).
+Human output is a timeline of what was heard, speculated and made ready when; ``--json``
+prints one object with ``turns`` (transcript, answer or translation, latency and the other
+per-turn figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from speclive.errors import ConfigError
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    from speclive.loader import BACKENDS, DEFAULT_MODEL
+
+    p.add_argument("input", help="audio file (WAV/FLAC/OGG; any rate, mono or stereo)")
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL, help="LLM: registry name, .gguf path, HF folder or hub id"
+    )
+    p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    p.add_argument("--device", default="cpu", help="torch device of --backend hf")
+    p.add_argument("--asr-model", default="whisper-base", help="Whisper target")
+    p.add_argument("--asr-draft", default="whisper-tiny.en", help="Whisper draft for SpecASR")
+    p.add_argument(
+        "--asr-margin",
+        default="1.0",
+        help="seconds of audio context beyond the speech the "
+        "target encodes ('none' = Whisper's full 30 s window)",
+    )
+    p.add_argument("--end-silence", type=float, default=0.5, help="silence (s) that ends a turn")
+    p.add_argument(
+        "--pause", type=float, default=0.2, help="silence (s) after which speculative final work starts"
+    )
+    p.add_argument(
+        "--max-turn", type=float, default=30.0, help="longest turn (s); longer speech ends the turn"
+    )
+    p.add_argument(
+        "--realtime", action="store_true", help="play the file at 1x real time (default: simulated clock)"
+    )
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_live_parser(sub: argparse._SubParsersAction) -> None:
+    live = sub.add_parser("live", help="live speech pipelines: voice chat, live translation, transcription")
+    lsub = live.add_subparsers(dest="live_command", required=True)
+
+    c = lsub.add_parser("chat", help="spoken question in, spoken answer out (PredGen while you speak)")
+    _common(c)
+    c.add_argument(
+        "--baseline",
+        default=None,
+        choices=("cascade", "prefill", "preemptive"),
+        help="a non-speculative baseline instead of PredGen",
+    )
+    c.add_argument("--verifier", default="greedy", help="PredGen verifier: greedy | topk:K | reflection")
+    c.add_argument("--max-tokens", type=int, default=128)
+    c.add_argument("--voice", default="piper-joe-medium", help="Piper voice")
+    c.add_argument("--no-tts", action="store_true", help="text answers only")
+    c.add_argument("--out", default=None, help="write the spoken answers to this WAV file")
+    c.set_defaults(func=cmd_live, kind="chat")
+
+    t = lsub.add_parser("translate", help="speech in, live translation out (SSBD re-translation)")
+    _common(t)
+    t.add_argument("--target-lang", default="de", help="de, zh, ja, fr, es, it, pt, ru, ko")
+    t.add_argument(
+        "--baseline",
+        default=None,
+        choices=("ar", "cascade"),
+        help="ar: re-translation with plain decoding; cascade: translate each turn once at its end",
+    )
+    t.add_argument("--beta", type=float, default=0.2, help="SSBD bias towards the previous translation")
+    t.add_argument("--mask-k", type=int, default=3, help="tokens hidden at the end of a live update")
+    t.set_defaults(func=cmd_live, kind="translate", no_tts=True, voice=None, out=None)
+
+    s = lsub.add_parser("transcribe", help="speech in, partial and final transcripts out")
+    _common(s)
+    s.set_defaults(func=cmd_live, kind="transcribe", no_tts=True, voice=None, out=None, baseline=None)
+
+
+def _margin(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise ConfigError(f"--asr-margin: expected seconds or 'none', got {text!r}") from None
+    if v < 0:
+        raise ConfigError(f"--asr-margin must be >= 0, got {v}")
+    return v
+
+
+def _line(ev: Any) -> str | None:
+    """One timeline line for a human, or None for events not worth a line."""
+    t = f"[{ev.t:7.2f}s]"
+    k = ev.type
+    if k == "speech_started":
+        return f"{t} speech started (at {ev.audio_t:.2f}s of the input)"
+    if k == "speech_stopped":
+        what = "end of turn" if ev.end_of_turn else "pause"
+        return f"{t} {what} (speech ended at {ev.audio_t:.2f}s)"
+    if k == "transcript_partial":
+        return f"{t} heard: {ev.stable}" + (f" [{ev.tentative}]" if ev.tentative else "")
+    if k == "transcript_final":
+        return f"{t} transcript: {ev.text}"
+    if k == "speculation":
+        ready = ", audio ready" if ev.presynthesized else ""
+        return f"{t} speculated ({ev.accepted}/{ev.drafted} kept{ready}): {ev.first_sentence}"
+    if k == "audio":
+        return f"{t} audio #{ev.sentence} ready ({ev.duration_s:.1f}s, plays at {ev.play_at:.2f}s): {ev.text}"
+    if k == "translation":
+        tag = "final" if ev.final else "live"
+        return f"{t} {tag}: {ev.stable}" + (f" [{ev.tentative}]" if ev.tentative else "")
+    if k == "interrupted":
+        return f"{t} interrupted; played: {ev.played}"
+    if k == "notice":
+        return f"{t} {ev.code}: {ev.message}"
+    if k == "turn_metrics":
+        if ev.latency_s is not None and ev.answer:
+            return (
+                f"{t} turn {ev.turn}: voice-to-voice {ev.latency_s:.2f}s (end of turn detected after "
+                f"{ev.eot_delay_s:.2f}s) | ASR {ev.asr_s:.2f}s LLM {ev.llm_s:.2f}s TTS {ev.tts_s:.2f}s | "
+                f"{ev.accepted}/{ev.drafted} speculated tokens kept"
+            )
+        return f"{t} turn {ev.turn} done (ASR {ev.asr_s:.2f}s, {ev.asr_passes} passes)"
+    return None
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from speclive.asr.audio import load_audio
+    from speclive.live.build import LiveModelsConfig, load_live_models, make_pipeline
+    from speclive.live.clock import VirtualClock, WallClock, play
+    from speclive.live.vad import TurnConfig
+    from speclive.sessions.predictive import PredGenConfig, _parse_verifier
+    from speclive.sessions.retranslate import RetranslateConfig
+
+    audio = load_audio(args.input)  # bad input fails before any model loads
+    if audio.size == 0:
+        raise ConfigError(f"{args.input} holds no audio samples")
+    turn = TurnConfig(pause_s=args.pause, end_s=args.end_silence, max_turn_s=args.max_turn)
+    turn.validate()
+    predgen = retranslate = None
+    if args.kind == "chat":
+        _parse_verifier(args.verifier)
+        predgen = PredGenConfig(verifier=args.verifier, max_tokens=args.max_tokens, line_breaks=True)
+    elif args.kind == "translate":
+        retranslate = RetranslateConfig(target_lang=args.target_lang, beta=args.beta, mask_k=args.mask_k)
+        retranslate.validate()
+    models = load_live_models(
+        LiveModelsConfig(
+            model=args.model,
+            backend=args.backend,
+            device=args.device,
+            threads=args.threads,
+            asr_model=args.asr_model,
+            asr_draft=args.asr_draft,
+            asr_margin_s=_margin(args.asr_margin),
+            voice=None if args.no_tts else args.voice,
+            need_llm=args.kind != "transcribe",
+        )
+    )
+    models.warm_up()
+    clock = WallClock() if args.realtime else VirtualClock()
+    pipe = make_pipeline(
+        args.kind,
+        models,
+        mode=args.baseline,
+        clock=clock,
+        turn=turn,
+        predgen=predgen,
+        retranslate=retranslate,
+    )
+
+    def show(ev: Any) -> None:
+        if not args.json:
+            line = _line(ev)
+            if line:
+                print(line, flush=True)
+
+    res = play(pipe, audio, on_event=show)
+    turns = [ev.to_json() for ev in res.events if ev.type == "turn_metrics"]
+    notices = [ev.to_json() for ev in res.events if ev.type == "notice"]
+    if args.out:
+        from speclive.tts.base import Audio, write_wav
+
+        chunks = [ev for ev in res.events if ev.type == "audio"]
+        if chunks:
+            sr = chunks[0].sample_rate
+            gap = np.zeros(int(0.3 * sr), np.float32)
+            parts = [x for ev in chunks for x in (ev.samples, gap)]
+            write_wav(args.out, Audio(np.concatenate(parts), sr, 0.0))
+        elif not args.json:
+            print("no answer audio to write", file=sys.stderr)
+    if args.json:
+        mode = args.baseline or {"chat": "predgen", "translate": "ssbd", "transcribe": "streaming"}[args.kind]
+        print(
+            json.dumps(
+                {
+                    "pipeline": args.kind,
+                    "mode": mode,
+                    "input_s": round(res.input_s, 3),
+                    "max_lag_s": round(res.max_lag_s, 3),
+                    "turns": turns,
+                    "notices": notices,
+                },
+                ensure_ascii=False,
+            )
+        )
+    elif not turns:
+        print("no speech heard", file=sys.stderr)
+    return 0

@@ -1,0 +1,352 @@
+"""Live speech pipelines: turn taking, the honest clock, voice chat and live translation.
+
+Logic runs on synthetic VAD probabilities and a scripted transcriber (fast, deterministic);
+exactness runs the real SmolLM2-135M (fp32 transformers) with real Piper speech through the
+real Silero VAD: greedy PredGen gives the cascade's answer token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from speclive.asr.audio import SAMPLE_RATE, to_mono_16k
+from speclive.cli import main
+from speclive.errors import ConfigError
+from speclive.live import LiveTranscriber, LiveTranslator, TurnConfig, VirtualClock, VoiceChat, play
+from speclive.live.clock import WallClock
+from speclive.live.pipeline import LiveConfig, as_mono_16k
+from speclive.live.vad import FRAME, StreamingVAD, TurnDetector
+from speclive.sessions.predictive import PredGenConfig
+from speclive.sessions.retranslate import RetranslateConfig
+
+QUESTIONS = [
+    "What is the boiling point of water at sea level?",
+    "Give me two tips for staying focused while working from home.",
+    "Describe a sunset over the ocean in a few words.",
+]
+
+
+# ---- turn detection on synthetic probabilities ----------------------------------------------
+def _frames(seconds: float, p: float) -> np.ndarray:
+    return np.full(int(round(seconds * SAMPLE_RATE / FRAME)), p, np.float32)
+
+
+def test_turn_detector_start_pause_resume_end():
+    det = TurnDetector(TurnConfig(min_speech_s=0.1, pause_s=0.2, end_s=0.5))
+    probs = np.concatenate(
+        [_frames(0.5, 0.0), _frames(1.0, 0.9), _frames(0.3, 0.0), _frames(0.6, 0.9), _frames(1.0, 0.0)]
+    )
+    kinds = [(c.kind, round(c.audio_t, 2)) for c in det.feed(probs)]
+    assert [k for k, _ in kinds] == ["start", "pause", "resume", "pause", "end"]
+    frame = FRAME / SAMPLE_RATE
+    assert kinds[0][1] == pytest.approx(0.5, abs=2 * frame)  # speech started at 0.5 s
+    assert kinds[-1][1] == pytest.approx(2.4, abs=2 * frame)  # and last ended at 2.4 s
+    # a short blip is not a turn
+    det2 = TurnDetector(TurnConfig(min_speech_s=0.2))
+    assert det2.feed(np.concatenate([_frames(0.1, 0.9), _frames(1.0, 0.0)])) == []
+
+
+def test_turn_detector_caps_long_turns_and_validates():
+    det = TurnDetector(TurnConfig(max_turn_s=2.0))
+    kinds = [c.kind for c in det.feed(_frames(3.0, 0.9))]
+    assert kinds[:2] == ["start", "capped"]
+    with pytest.raises(ConfigError):
+        TurnConfig(pause_s=0.6, end_s=0.5).validate()
+    with pytest.raises(ConfigError):
+        TurnConfig(threshold=1.5).validate()
+
+
+def test_streaming_vad_equals_one_pass():
+    from faster_whisper.vad import get_vad_model
+
+    rng = np.random.default_rng(0)
+    audio = (0.3 * np.sin(np.arange(3 * SAMPLE_RATE) * 0.07) * rng.random(3 * SAMPLE_RATE)).astype(np.float32)
+    audio = audio[: len(audio) // FRAME * FRAME]
+    whole = get_vad_model()(audio).ravel()
+    vad = StreamingVAD()
+    parts = [vad(audio[i : i + 1234]) for i in range(0, len(audio), 1234)]  # chunks unaligned to frames
+    assert np.allclose(np.concatenate(parts), whole)
+
+
+def test_pcm_conversion():
+    stereo44 = np.zeros((44100, 2), np.int16)
+    stereo44[:, 0] = 16384
+    mono = as_mono_16k(stereo44, 44100)
+    assert mono.dtype == np.float32 and len(mono) == SAMPLE_RATE
+    assert mono[100:200].mean() == pytest.approx(0.25, abs=0.01)
+    with pytest.raises(ConfigError):
+        as_mono_16k(np.zeros(10, np.int32))
+
+
+# ---- clocks -------------------------------------------------------------------------------
+def test_virtual_clock_charges_compute_and_skips_idle():
+    c = VirtualClock()
+    c.wait_until(10.0)  # idle: no sleeping
+    assert c() == pytest.approx(10.0, abs=0.01)
+    time.sleep(0.05)  # compute is charged
+    assert c() == pytest.approx(10.05, abs=0.03)
+    c.wait_until(5.0)  # the past: nothing happens
+    assert c() > 10.0
+    w = WallClock()
+    w.wait_until(0.05)
+    assert w() >= 0.05
+
+
+class _BusyPipeline:
+    """Each push costs ``cost`` seconds of compute: the input queues up behind it."""
+
+    def __init__(self, cost: float):
+        self.clock = VirtualClock()
+        self.cost, self.pushed = cost, 0
+
+    def push(self, chunk):
+        time.sleep(self.cost)
+        self.pushed += len(chunk)
+        return []
+
+    def step(self, deadline=None):
+        return None
+
+    def close(self):
+        return []
+
+
+def test_play_reports_queueing():
+    fast = _BusyPipeline(0.0)
+    res = play(fast, np.zeros(SAMPLE_RATE, np.float32), chunk_s=0.1)
+    assert fast.pushed == SAMPLE_RATE and res.max_lag_s < 0.05
+    slow = _BusyPipeline(0.15)  # 0.15 s of work per 0.1 s of audio: it falls behind
+    res = play(slow, np.zeros(SAMPLE_RATE, np.float32), chunk_s=0.1)
+    assert res.max_lag_s > 0.3
+
+
+# ---- pipelines over a scripted transcriber -------------------------------------------------
+@dataclass
+class _Text:
+    text: str
+
+
+class ScriptedTranscriber:
+    """Transcribes a known utterance: the words spoken so far, by audio duration (partials grow
+    like a streaming recognizer's), and the whole text once the audio covers the speech."""
+
+    def __init__(self, text: str, speech_s: float, lead_s: float):
+        self.words, self.speech_s, self.lead_s = text.split(), speech_s, lead_s
+        self.cfg = SimpleNamespace(method="specasr")
+        self.calls = 0
+
+    def transcribe(self, audio, loop_fallback: bool = True):
+        self.calls += 1
+        # the VAD ends speech a little before the synthetic voice's last sample
+        heard = max(0.0, len(audio) / SAMPLE_RATE - self.lead_s + 0.4)
+        n = len(self.words) if heard >= self.speech_s else int(len(self.words) * heard / self.speech_s)
+        return _Text(" ".join(self.words[:n]))
+
+
+@pytest.fixture(scope="module")
+def piper():
+    from speclive.tts.piper import PiperTTS
+
+    tts = PiperTTS("piper-joe-medium")
+    tts.synthesize("Warm up.")
+    return tts
+
+
+def _spoken(piper, text: str, lead: float = 0.5, tail: float = 1.2) -> tuple[np.ndarray, float]:
+    a = piper.synthesize(text)
+    speech = to_mono_16k(a.samples, a.sample_rate)
+    z = lambda s: np.zeros(int(s * SAMPLE_RATE), np.float32)  # noqa: E731
+    return np.concatenate([z(lead), speech, z(tail)]), len(speech) / SAMPLE_RATE
+
+
+def _run_chat(backend, piper, text, mode, tts=None, **kw):
+    audio, speech_s = _spoken(piper, text)
+    tr = ScriptedTranscriber(text, speech_s, lead_s=0.3)  # the turn audio starts 0.3 s early
+    vc = VoiceChat(
+        backend,
+        tr,
+        tts=tts,
+        mode=mode,
+        predgen=PredGenConfig(max_tokens=32, line_breaks=True),
+        clock=VirtualClock(),
+        **kw,
+    )
+    res = play(vc, audio)
+    return vc, res
+
+
+def _turns(res):
+    return [e for e in res.events if e.type == "turn_metrics"]
+
+
+def test_voicechat_greedy_equals_the_cascade(hf_smol, piper):
+    speculated = 0
+    for q in QUESTIONS:
+        answers = {}
+        for mode in ("cascade", "predgen", "prefill", "preemptive"):
+            vc, res = _run_chat(hf_smol, piper, q, mode)
+            (m,) = _turns(res)
+            assert m.transcript == q
+            answers[mode] = m.answer
+            types = [e.type for e in res.events]
+            assert (
+                types.index("speech_started") < types.index("transcript_final") < types.index("turn_metrics")
+            )
+            assert m.latency_s is not None and m.latency_s >= m.eot_delay_s - 1e-6
+            if mode == "predgen":
+                speculated += sum(e.type == "speculation" for e in res.events)
+            if mode == "cascade":  # nothing runs before the end of the turn
+                assert not any(e.type in ("speculation", "transcript_partial") for e in res.events)
+        assert len(set(answers.values())) == 1, answers
+    assert speculated > 0
+
+
+def test_voicechat_audio_barge_in_and_history(hf_smol, piper):
+    q1, q2 = QUESTIONS[0], QUESTIONS[2]
+    a1, s1 = _spoken(piper, q1, tail=0.0)
+    a2, s2 = _spoken(piper, q2, lead=0.0)
+    # the second question starts 0.8 s after the first one ends: during the answer
+    audio = np.concatenate([a1, np.zeros(int(0.8 * SAMPLE_RATE), np.float32), a2])
+
+    class TwoTurns(ScriptedTranscriber):
+        def transcribe(self, audio, loop_fallback=True):
+            return _Text(q1 if self.calls_for(audio) == 1 else q2)
+
+        def calls_for(self, audio):
+            return 1 if vc.n_turns == 1 else 2
+
+    tr = TwoTurns(q1, s1, 0.3)
+    vc = VoiceChat(hf_smol, tr, tts=piper, predgen=PredGenConfig(max_tokens=40), clock=VirtualClock())
+    res = play(vc, audio)
+    kinds = [e.type for e in res.events]
+    assert "interrupted" in kinds
+    chunks = [e for e in res.events if e.type == "audio"]
+    assert chunks and all(c.samples.size and c.sample_rate == piper.sample_rate for c in chunks)
+    assert chunks[0].play_at >= [e.t for e in res.events if e.type == "speech_stopped" and e.end_of_turn][0]
+    inter = next(e for e in res.events if e.type == "interrupted")
+    # the history keeps what was played before the barge-in, then the second turn
+    assert vc.history[0] == {"role": "user", "content": q1}
+    if inter.played:
+        assert vc.history[1] == {"role": "assistant", "content": inter.played}
+    assert vc.history[-2] == {"role": "user", "content": q2}
+    assert len(_turns(res)) >= 2
+
+
+def test_silence_and_noise_give_no_speech(hf_smol):
+    tr = ScriptedTranscriber("unused", 1.0, 0.0)
+    vc = VoiceChat(hf_smol, tr, clock=VirtualClock())
+    res = play(vc, np.zeros(2 * SAMPLE_RATE, np.float32))
+    assert [e.code for e in res.events if e.type == "notice"] == ["no_speech"]
+    assert tr.calls == 0 and not _turns(res)
+
+
+def test_speech_past_the_cap_ends_the_turn(hf_smol, piper):
+    text = QUESTIONS[1]
+    audio, speech_s = _spoken(piper, text)
+    tr = ScriptedTranscriber(text, speech_s, 0.3)
+    vc = VoiceChat(
+        hf_smol,
+        tr,
+        mode="cascade",
+        predgen=PredGenConfig(max_tokens=8),
+        config=LiveConfig(turn=TurnConfig(max_turn_s=1.5)),
+        clock=VirtualClock(),
+    )
+    res = play(vc, audio)
+    assert "max_speech" in [e.code for e in res.events if e.type == "notice"]
+    # nothing heard is dropped: the capped turn and what followed are both transcribed
+    finals = [e.text for e in res.events if e.type == "transcript_final"]
+    assert finals and finals[0]
+
+
+def test_live_translator_lossless_equals_ar(hf_smol, piper):
+    text = "The weather changes quickly. Hikers should carry a warm jacket."
+    outs = {}
+    for mode, beta in (("ar", 0.0), ("ssbd", 0.0), ("cascade", 0.0)):
+        audio, speech_s = _spoken(piper, text)
+        tr = ScriptedTranscriber(text, speech_s, 0.3)
+        lt = LiveTranslator(
+            hf_smol,
+            tr,
+            mode=mode,
+            retranslate=RetranslateConfig(beta=beta, max_tokens=40),
+            clock=VirtualClock(),
+        )
+        res = play(lt, audio)
+        ups = [e for e in res.events if e.type == "translation"]
+        assert ups and ups[-1].final and not ups[-1].tentative
+        (m,) = _turns(res)
+        outs[mode] = (m.translation, [u.stable + "|" + u.tentative for u in ups])
+        if mode == "cascade":
+            assert len(ups) == 1  # no live display
+        else:
+            assert len(ups) > 1
+    assert outs["ssbd"] == outs["ar"]  # beta = 0 is lossless: every display is AR's
+
+
+def test_live_transcriber_and_bad_modes(hf_smol, piper):
+    text = QUESTIONS[0]
+    audio, speech_s = _spoken(piper, text)
+    lt = LiveTranscriber(ScriptedTranscriber(text, speech_s, 0.3), clock=VirtualClock())
+    res = play(lt, audio)
+    partials = [e for e in res.events if e.type == "transcript_partial"]
+    assert partials and [e.text for e in res.events if e.type == "transcript_final"] == [text]
+    with pytest.raises(ConfigError, match="mode"):
+        VoiceChat(hf_smol, lt.transcriber, mode="fast")
+    with pytest.raises(ConfigError, match="mode"):
+        LiveTranslator(hf_smol, lt.transcriber, mode="fast")
+    with pytest.raises(ConfigError, match="closed"):
+        lt.push(np.zeros(10, np.float32))
+
+
+# ---- the CLI, end to end with the real Whisper ---------------------------------------------
+def test_cli_live_chat_and_transcribe(tmp_path, piper, capsys):
+    from speclive.tts.base import Audio, write_wav
+
+    audio, _ = _spoken(piper, QUESTIONS[0])
+    wav = tmp_path / "q.wav"
+    # stereo 44.1 kHz input: resampled and mixed down
+    from scipy.signal import resample_poly
+
+    st = resample_poly(audio, 441, 160).astype(np.float32)
+    write_wav(wav, Audio(st, 44100, 0.0))
+    out = tmp_path / "answer.wav"
+    rc = main(
+        [
+            "live",
+            "chat",
+            str(wav),
+            "--model",
+            "smollm2-135m-instruct",
+            "--max-tokens",
+            "24",
+            "--json",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    (turn,) = d["turns"]
+    assert "boiling" in turn["transcript"].lower() and turn["answer"]
+    assert turn["latency_s"] > 0 and turn["asr_s"] > 0 and d["mode"] == "predgen"
+    assert out.exists() and out.stat().st_size > 10_000
+    assert main(["live", "transcribe", str(wav)]) == 0
+    assert "boiling" in capsys.readouterr().out.lower()
+
+
+def test_cli_live_bad_input(tmp_path, capsys):
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"not audio at all")
+    assert main(["live", "chat", str(bad)]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert main(["live", "transcribe", str(tmp_path / "missing.wav")]) == 2
+    assert "no such audio file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["live", "chat", str(bad), "--baseline", "fastest"])
