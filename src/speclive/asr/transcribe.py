@@ -133,6 +133,17 @@ class Transcript:
         }
 
 
+def _repeat_start(ids: list[int], n: int = 4) -> int | None:
+    """Where ``ids`` start over: the first position >= n at which its first ``n`` ids recur."""
+    if len(ids) < 2 * n:
+        return None
+    head = ids[:n]
+    for p in range(n, len(ids) - n + 1):
+        if ids[p : p + n] == head:
+            return p
+    return None
+
+
 def _compression_ratio(text: str) -> float:
     """Bytes of ``text`` over its zlib-compressed bytes (a looping transcript compresses well)."""
     import zlib
@@ -234,22 +245,28 @@ class Transcriber:
         assert self.target is not None
         margin = self.target.audio_margin_s
         if margin is None:
-            return self._decode_window(chunk, stats)
+            return self._decode_window(chunk, stats)[:2]
         cap = int(len(chunk) / SAMPLE_RATE * self.cfg.loop_tokens_per_s) + 8
-        ids, text = self._decode_window(chunk, stats, max_tokens=cap)
-        if len(ids) < cap and _compression_ratio(text) <= self.cfg.loop_ratio:
+        ids, text, looped = self._decode_window(chunk, stats, max_tokens=cap, stop_repeat=True)
+        if not looped and len(ids) < cap and _compression_ratio(text) <= self.cfg.loop_ratio:
             return ids, text
-        if not loop_fallback:
-            return [], ""
+        if not loop_fallback:  # a partial: what came before the loop started, or nothing
+            return (ids, text) if looped else ([], "")
         self.target.audio_margin_s = None  # a loop: the full window decides
         try:
-            return self._decode_window(chunk, stats)
+            return self._decode_window(chunk, stats)[:2]
         finally:
             self.target.audio_margin_s = margin
 
     def _decode_window(
-        self, chunk: np.ndarray, stats: TranscribeStats, max_tokens: int | None = None
-    ) -> tuple[list[int], str]:
+        self,
+        chunk: np.ndarray,
+        stats: TranscribeStats,
+        max_tokens: int | None = None,
+        stop_repeat: bool = False,
+    ) -> tuple[list[int], str, bool]:
+        """Encode ``chunk`` and decode it; ``stop_repeat`` stops as soon as the text starts over
+        (a trimmed window's typical loop) and drops the repeat. Returns (ids, text, looped)."""
         assert self.target is not None
         for b in self._backends_to_encode():
             stats.encode_ms += 1000 * b.set_audio(chunk)
@@ -258,16 +275,27 @@ class Transcriber:
         prompt = self.target.specials.prompt
         limit = self.target.n_ctx - len(prompt) - 1
         gen = GenerationConfig(max_tokens=min(limit, max_tokens or limit), max_draft_nodes=64)
-        res = dec.run(prompt, gen)
-        st = res.stats
+        ids: list[int] = []
+        looped = False
+        events = dec.generate(prompt, gen)
+        try:
+            for ev in events:
+                ids.extend(ev.tokens)
+                cut = _repeat_start(ids) if stop_repeat else None
+                if cut is not None:
+                    ids, looped = ids[:cut], True
+                    break
+        finally:
+            events.close()
+        st = dec.last_stats
         stats.target_forwards += st.target_forwards
-        stats.new_tokens += st.new_tokens
+        stats.new_tokens += len(ids)
         stats.decode_ms += 1000 * st.total_s
         stats.draft_ms += 1000 * st.draft_s
         stats.verify_ms += 1000 * (st.verify_s + st.prefill_s)
         if self.draft_backend is not None:
             stats.draft_forwards += self.draft_backend.forward_calls - draft_before
-        return res.token_ids, res.text
+        return ids, self.target.tokenizer.decode(ids), looped
 
     def _faster_whisper(self, chunk: np.ndarray, stats: TranscribeStats) -> tuple[list[int], str]:
         if self._fw is None:

@@ -158,6 +158,32 @@ def add_bench_parser(subparsers: Any) -> None:
     g.add_argument("--no-plot", action="store_true")
     g.set_defaults(func=cmd_predgen)
 
+    lv = sub.add_parser(
+        "live",
+        help="live pipelines on spoken questions: voice-to-voice latency vs cascade/prefill/preemptive",
+    )
+    lv.add_argument("--pipeline", default="chat", choices=("chat", "translate"))
+    lv.add_argument("--model", default=DEFAULT_MODEL)
+    lv.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    lv.add_argument(
+        "--methods",
+        type=_csv,
+        default=None,
+        help="chat: predgen, predgen:topk:K, cascade, prefill, preemptive (default: predgen and the three "
+        "baselines); translate: ssbd, ar, cascade",
+    )
+    lv.add_argument("--voices", type=_csv, default=["piper", "espeak"], help="piper, espeak")
+    lv.add_argument("--limit", type=int, default=12, help="questions (chat) or utterances (translate)")
+    lv.add_argument("--max-tokens", type=int, default=64)
+    lv.add_argument("--target-lang", default="de")
+    lv.add_argument("--beta", type=float, default=0.2)
+    lv.add_argument("--end-silence", type=float, default=0.5, help="silence (s) that ends a turn")
+    lv.add_argument("--pause", type=float, default=0.2, help="silence (s) that starts speculative final work")
+    lv.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    lv.add_argument("--tag", default=None, help="results name: live-<pipeline>-<tag>.*")
+    lv.add_argument("--no-plot", action="store_true")
+    lv.set_defaults(func=cmd_live)
+
     from speclive.bench.speechlm import add_speechlm_bench_parser
 
     add_speechlm_bench_parser(sub)
@@ -459,6 +485,72 @@ def cmd_predgen(args: argparse.Namespace) -> int:
     for p in write_outputs(result, args.out, tag, plot_it=opts.plot):
         print(f"wrote {p}", file=sys.stderr)
     print(markdown(result))
+    return 0
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    from speclive.bench.live import (
+        CHAT_METHODS,
+        TRANSLATE_METHODS,
+        VOICES,
+        LiveBenchOptions,
+        chat_markdown,
+        run_live_chat_bench,
+        run_live_translate_bench,
+        translate_markdown,
+        write_outputs,
+    )
+    from speclive.errors import ConfigError
+
+    chat = args.pipeline == "chat"
+    methods = args.methods or list(CHAT_METHODS if chat else TRANSLATE_METHODS)
+    allowed = ("predgen", "cascade", "prefill", "preemptive") if chat else TRANSLATE_METHODS
+    for m in methods:
+        if m.split(":")[0] not in allowed:
+            raise ConfigError(
+                f"invalid method {m!r} for --pipeline {args.pipeline}; allowed: {', '.join(allowed)}"
+            )
+    if chat and "cascade" not in methods:
+        raise ConfigError(
+            "--methods must include cascade: ratios and answer identity are measured against it"
+        )
+    bad = [v for v in args.voices if v not in VOICES]
+    if bad:
+        raise ConfigError(f"unknown voices {bad}; known: {', '.join(VOICES)}")
+    tag = (
+        f"live-{args.pipeline}-{args.tag}"
+        if args.tag
+        else f"live-{args.pipeline}-{args.model}-{args.backend}"
+    )
+    parts = ["speclive", "bench", "live", "--pipeline", args.pipeline, "--model", args.model]
+    parts += ["--backend", args.backend, "--methods", ",".join(methods), "--voices", ",".join(args.voices)]
+    parts += ["--limit", str(args.limit), "--max-tokens", str(args.max_tokens)]
+    parts += ["--end-silence", f"{args.end_silence:g}", "--pause", f"{args.pause:g}"]
+    if not chat:
+        parts += ["--target-lang", args.target_lang, "--beta", f"{args.beta:g}"]
+    parts += ["--tag", tag.removeprefix(f"live-{args.pipeline}-")]
+    opts = LiveBenchOptions(
+        pipeline=args.pipeline,
+        model=args.model,
+        backend=args.backend,
+        methods=methods,
+        voices=args.voices,
+        limit=args.limit,
+        max_tokens=args.max_tokens,
+        target_lang=args.target_lang,
+        beta=args.beta,
+        end_s=args.end_silence,
+        pause_s=args.pause,
+        out=args.out,
+        tag=tag,
+        plot=not args.no_plot,
+        command=command_line(parts),
+    )
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    result = run_live_chat_bench(opts, log) if chat else run_live_translate_bench(opts, log)
+    for p in write_outputs(result, args.out, tag, plot_it=opts.plot):
+        print(f"wrote {p}", file=sys.stderr)
+    print(chat_markdown(result) if chat else translate_markdown(result))
     return 0
 
 

@@ -83,6 +83,8 @@ class VoiceChat(LivePipeline):
         self._first_ready: float | None = None
         self._presynth_t: tuple[str, float] | None = None  # (first sentence, when its audio was made)
         self._answer = ""
+        #: every complete answer of this conversation (text, token ids, latency figures)
+        self.answers: list = []
 
     # ---- turn hooks -------------------------------------------------------------------------
     def _new_responder(self) -> PredictiveResponder:
@@ -233,6 +235,7 @@ class VoiceChat(LivePipeline):
         self.reply = None
         resp = part.response
         assert resp is not None
+        self.answers.append(resp)
         self.history += [
             {"role": "user", "content": turn.final or ""},
             {"role": "assistant", "content": resp.response},
