@@ -53,6 +53,25 @@ def test_speculative_methods_are_token_identical_to_ar(name, ar_results):
     tr.close()
 
 
+def test_hint_and_trimmed_window(ar_results):
+    """An earlier transcript as the draft changes nothing but the passes, a wrong or partial one
+    included; a trimmed target window stops at its first repeat (the loop guard)."""
+    from speclive.asr.transcribe import _compression_ratio, _repeat_start
+
+    tr = Transcriber(TranscribeConfig(model="whisper-tiny.en", method="ar"), target=tiny())
+    for (_, audio), ref in zip(clips_16k(), ar_results, strict=True):
+        for hint in (ref.token_ids, ref.token_ids[: len(ref.token_ids) // 2], ref.token_ids[::-1]):
+            got = tr.transcribe(audio, hint=list(hint))
+            assert got.token_ids == ref.token_ids
+        assert (
+            tr.transcribe(audio, hint=list(ref.token_ids)).stats.target_forwards < ref.stats.target_forwards
+        )
+    assert _repeat_start([1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1]) == 5
+    assert _repeat_start([1, 2, 3, 4, 5, 6, 7, 8]) is None
+    assert _compression_ratio("go on " * 30) > 2.4 > _compression_ratio("The quick brown fox jumps.")
+    tr.close()
+
+
 def test_bridged_drafter_is_identical_and_accepts(ar_results):
     """The cross-vocabulary path (text re-tokenization) with every technique on."""
     t = tiny()

@@ -141,7 +141,7 @@ class ScriptedTranscriber:
         self.cfg = SimpleNamespace(method="specasr")
         self.calls = 0
 
-    def transcribe(self, audio, loop_fallback: bool = True):
+    def transcribe(self, audio, loop_fallback: bool = True, hint=None):
         self.calls += 1
         # the VAD ends speech a little before the synthetic voice's last sample
         heard = max(0.0, len(audio) / SAMPLE_RATE - self.lead_s + 0.4)
@@ -215,7 +215,7 @@ def test_voicechat_audio_barge_in_and_history(hf_smol, piper):
     audio = np.concatenate([a1, np.zeros(int(0.8 * SAMPLE_RATE), np.float32), a2])
 
     class TwoTurns(ScriptedTranscriber):
-        def transcribe(self, audio, loop_fallback=True):
+        def transcribe(self, audio, loop_fallback=True, hint=None):
             return _Text(q1 if self.calls_for(audio) == 1 else q2)
 
         def calls_for(self, audio):
@@ -350,3 +350,25 @@ def test_cli_live_bad_input(tmp_path, capsys):
     assert "no such audio file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["live", "chat", str(bad), "--baseline", "fastest"])
+
+
+def test_speech_after_the_end_of_turn_continues_an_unanswered_turn(hf_smol, piper):
+    a1, _ = _spoken(piper, "What is the boiling point", tail=0.0)
+    a2, _ = _spoken(piper, "of water at sea level?", lead=0.0)
+    gap = np.zeros(int(0.7 * SAMPLE_RATE), np.float32)  # longer than the end-of-turn silence
+    full = "What is the boiling point of water at sea level?"
+
+    class Whole(ScriptedTranscriber):
+        def transcribe(self, audio, loop_fallback=True, hint=None):
+            self.calls += 1
+            return _Text(full if len(audio) > len(a1) + len(gap) else "What is the boiling point")
+
+    vc = VoiceChat(hf_smol, Whole(full, 1.0, 0.0), predgen=PredGenConfig(max_tokens=16), clock=VirtualClock())
+    events = []
+    for chunk in (a1, gap, a2, np.zeros(SAMPLE_RATE, np.float32)):  # no compute in between:
+        events += vc.push(chunk)  # the first end of turn is not answered before speech resumes
+    events += vc.close()
+    assert [e.end_of_turn for e in events if e.type == "speech_stopped" and e.end_of_turn] == [True, True]
+    (m,) = [e for e in events if e.type == "turn_metrics"]
+    assert m.transcript == full and m.answer  # one turn, with every word
+    assert not any(e.type == "interrupted" for e in events)

@@ -209,6 +209,18 @@ class Transcriber:
             self.decoder = SpeculativeDecoder(self.target)
         return self.decoder
 
+    def _hinted_decoder(self, hint: list[int]) -> SpeculativeDecoder:
+        """The target drafting from an earlier transcript (``HistoryDrafter``: the hint in
+        cost-sized chunks, recycled spans of it after a divergence), verified greedily."""
+        if not hasattr(self, "_hinted"):
+            from speclive.drafting.history import HistoryDrafter
+
+            assert self.target is not None
+            self._history = HistoryDrafter(recycle=True, chunked=True)
+            self._hinted = SpeculativeDecoder(self.target, self._history)
+        self._history.set_history(hint)
+        return self._hinted
+
     def _backends_to_encode(self) -> list[WhisperBackend]:
         out = [self.target] if self.target is not None else []
         d = self.draft_backend
@@ -217,37 +229,49 @@ class Transcriber:
         return out  # type: ignore[return-value]
 
     # ---- transcription --------------------------------------------------------------
-    def transcribe(self, audio: np.ndarray, loop_fallback: bool = True) -> Transcript:
+    def transcribe(
+        self, audio: np.ndarray, loop_fallback: bool = True, hint: list[int] | None = None
+    ) -> Transcript:
         """Transcribe 16 kHz mono float32 audio (see ``asr.audio.load_audio``).
 
         ``loop_fallback=False`` (streaming partials, where speed beats completeness): a
         trimmed-window segment that loops gives no text instead of a full-window decode.
+        ``hint``: token ids of an earlier transcript of (most of) the same audio, e.g. the last
+        streaming pass: for a single segment they are the draft, verified greedily (the
+        transcript is the same as without the hint; only the number of passes changes).
         """
         audio = np.asarray(audio, dtype=np.float32)
         if audio.ndim != 1:
             raise ConfigError(f"transcribe() expects mono audio, got shape {audio.shape}")
         stats = TranscribeStats(audio_s=len(audio) / SAMPLE_RATE)
         segments: list[SegmentResult] = []
-        for seg in split_segments(audio, self.cfg.max_segment_s):
+        segments_in = split_segments(audio, self.cfg.max_segment_s)
+        if len(segments_in) != 1:
+            hint = None  # a hint is one segment's transcript
+        for seg in segments_in:
             chunk = audio[seg.start : seg.end]
             if chunk.size == 0 or float(np.max(np.abs(chunk))) < self.cfg.silence_peak:
                 continue
-            ids, text = self._decode_segment(chunk, stats, loop_fallback)
+            ids, text = self._decode_segment(chunk, stats, loop_fallback, hint)
             if text.strip():
                 segments.append(SegmentResult(seg.start_s, seg.end_s, text.strip(), ids))
         return Transcript(" ".join(s.text for s in segments), segments, stats)
 
     def _decode_segment(
-        self, chunk: np.ndarray, stats: TranscribeStats, loop_fallback: bool = True
+        self,
+        chunk: np.ndarray,
+        stats: TranscribeStats,
+        loop_fallback: bool = True,
+        hint: list[int] | None = None,
     ) -> tuple[list[int], str]:
         if self.cfg.method == "faster-whisper":
             return self._faster_whisper(chunk, stats)
         assert self.target is not None
         margin = self.target.audio_margin_s
         if margin is None:
-            return self._decode_window(chunk, stats)[:2]
+            return self._decode_window(chunk, stats, hint=hint)[:2]
         cap = int(len(chunk) / SAMPLE_RATE * self.cfg.loop_tokens_per_s) + 8
-        ids, text, looped = self._decode_window(chunk, stats, max_tokens=cap, stop_repeat=True)
+        ids, text, looped = self._decode_window(chunk, stats, max_tokens=cap, stop_repeat=True, hint=hint)
         if not looped and len(ids) < cap and _compression_ratio(text) <= self.cfg.loop_ratio:
             return ids, text
         if not loop_fallback:  # a partial: what came before the loop started, or nothing
@@ -264,13 +288,19 @@ class Transcriber:
         stats: TranscribeStats,
         max_tokens: int | None = None,
         stop_repeat: bool = False,
+        hint: list[int] | None = None,
     ) -> tuple[list[int], str, bool]:
         """Encode ``chunk`` and decode it; ``stop_repeat`` stops as soon as the text starts over
-        (a trimmed window's typical loop) and drops the repeat. Returns (ids, text, looped)."""
+        (a trimmed window's typical loop) and drops the repeat; ``hint`` drafts (see
+        ``transcribe``). Returns (ids, text, looped)."""
         assert self.target is not None
-        for b in self._backends_to_encode():
-            stats.encode_ms += 1000 * b.set_audio(chunk)
-        dec = self.decoder_or_ar
+        if hint:
+            dec = self._hinted_decoder(hint)
+            stats.encode_ms += 1000 * self.target.set_audio(chunk)
+        else:
+            for b in self._backends_to_encode():
+                stats.encode_ms += 1000 * b.set_audio(chunk)
+            dec = self.decoder_or_ar
         draft_before = self.draft_backend.forward_calls if self.draft_backend is not None else 0
         prompt = self.target.specials.prompt
         limit = self.target.n_ctx - len(prompt) - 1
@@ -331,3 +361,5 @@ class Transcriber:
     def close(self) -> None:
         if hasattr(self, "decoder"):
             self.decoder.close()
+        if hasattr(self, "_hinted"):
+            self._hinted.close()

@@ -84,22 +84,52 @@ def _split_for_pause(text: str) -> tuple[str, str] | None:
     return " ".join(words[:cut]), " ".join(words[cut:])
 
 
-def speak(tts, text: str, pause_s: float | None, lead_s: float = 0.6, tail_s: float = 2.0) -> dict[str, Any]:
-    """``text`` spoken by ``tts`` at 16 kHz, silence around it, optionally a pause in the middle."""
-    from speclive.asr.audio import SAMPLE_RATE, to_mono_16k
+def _trim(audio: np.ndarray, level: float = 0.02, frame: int = 320) -> np.ndarray:
+    """``audio`` without its leading and trailing silence (20 ms frames under ``level`` x peak)."""
+    k = len(audio) // frame
+    if k == 0:
+        return audio
+    env = np.abs(audio[: k * frame]).reshape(k, frame).max(axis=1)
+    loud = np.nonzero(env >= level * max(float(env.max()), 1e-9))[0]
+    if loud.size == 0:
+        return audio[:0]
+    return audio[loud[0] * frame : (loud[-1] + 1) * frame]
 
-    halves = _split_for_pause(text) if pause_s else None
-    parts = [text] if halves is None else list(halves)
+
+def speak(
+    tts,
+    text: str,
+    pause_s: float | None,
+    lead_s: float = 0.6,
+    tail_s: float = 2.0,
+    sentence_gap_s: float = 0.25,
+) -> dict[str, Any]:
+    """``text`` spoken by ``tts`` at 16 kHz: each sentence synthesized on its own, its silences
+    trimmed, joined by ``sentence_gap_s`` (a voice's own sentence pauses vary and can be longer
+    than an end-of-turn silence); optionally a ``pause_s`` pause inside the middle sentence."""
+    from speclive.asr.audio import SAMPLE_RATE, to_mono_16k
+    from speclive.sessions.simulate import split_sentences
+
+    sentences = split_sentences(text) or [text]
+    pieces: list[tuple[str, float]] = []  # (text, silence after it)
+    paused = False
+    mid = len(sentences) // 2
+    for i, sent in enumerate(sentences):
+        gap = sentence_gap_s if i < len(sentences) - 1 else 0.0
+        halves = _split_for_pause(sent) if pause_s and i == mid else None
+        if halves is not None:
+            pieces += [(halves[0], pause_s or 0.0), (halves[1], gap)]
+            paused = True
+        else:
+            pieces.append((sent, gap))
     z = lambda s: np.zeros(int(s * SAMPLE_RATE), np.float32)  # noqa: E731
-    pieces: list[np.ndarray] = [z(lead_s)]
-    for i, p in enumerate(parts):
-        a = tts.synthesize(p)
-        pieces.append(to_mono_16k(a.samples, a.sample_rate))
-        if i < len(parts) - 1:
-            pieces.append(z(pause_s or 0.0))
-    pieces.append(z(tail_s))
-    audio = np.concatenate(pieces)
-    return {"audio": audio, "paused": halves is not None, "input_s": len(audio) / SAMPLE_RATE}
+    out: list[np.ndarray] = [z(lead_s)]
+    for piece, after in pieces:
+        a = tts.synthesize(piece)
+        out += [_trim(to_mono_16k(a.samples, a.sample_rate)), z(after)]
+    out.append(z(tail_s))
+    audio = np.concatenate(out)
+    return {"audio": audio, "paused": paused, "input_s": len(audio) / SAMPLE_RATE}
 
 
 def chat_questions(limit: int, max_chars: int = 160) -> list[dict[str, Any]]:

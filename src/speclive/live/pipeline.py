@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from speclive.asr.audio import SAMPLE_RATE, to_mono_16k
-from speclive.asr.streaming import OnlineASR, StreamConfig, transcriber_recognizer
+from speclive.asr.streaming import OnlineASR, StreamConfig, Word, spread_words
 from speclive.errors import ConfigError
 from speclive.live.clock import Clock, WallClock
 from speclive.live.events import (
@@ -66,6 +66,7 @@ class _Turn:
     audio: list[np.ndarray] = field(default_factory=list)
     asr: OnlineASR | None = None
     fed_s: float = 0.0  # audio handed to the streaming ASR (seconds of the turn)
+    last_ids: list[int] = field(default_factory=list)  # tokens of the last streaming pass
     partial: str = ""
     final: str | None = None  # the final transcript (set at a pause or at the end)
     final_audio_s: float = 0.0  # turn audio the final transcript covers
@@ -122,14 +123,15 @@ class LivePipeline:
         probs = self.vad(a)
         changes = self.turns.feed(probs)
         events: list[Event] = []
-        if self.turn is not None and not self.turn.ended:
-            self.turn.audio.append(a)
-            self.turn.max_lag_s = max(self.turn.max_lag_s, lag)
-        else:
-            self.recent.append(a)
-            keep = int(self.cfg.turn.preroll_s * SAMPLE_RATE) + int(self.cfg.turn.min_speech_s * SAMPLE_RATE)
-            while sum(len(x) for x in self.recent) - len(self.recent[0]) > keep + len(a):
-                self.recent.pop(0)
+        turn = self.turn
+        # an ended turn keeps its audio while the user could still take it up again
+        if turn is not None and (not turn.ended or self._mergeable(turn)):
+            turn.audio.append(a)
+            turn.max_lag_s = max(turn.max_lag_s, lag)
+        self.recent.append(a)  # the pre-roll of a new turn
+        keep = int(self.cfg.turn.preroll_s * SAMPLE_RATE) + int(self.cfg.turn.min_speech_s * SAMPLE_RATE)
+        while sum(len(x) for x in self.recent) - len(self.recent[0]) > keep + len(a):
+            self.recent.pop(0)
         for ch in changes:
             events += self._turn_change(ch, start)
         return events
@@ -138,6 +140,14 @@ class LivePipeline:
         now = self.clock()
         if ch.kind == "start":
             self.heard_speech = True
+            prev = self.turn
+            if prev is not None and prev.ended and self._mergeable(prev):
+                # speech again before the answer was heard: the same turn goes on (nothing of
+                # it is dropped; what was prepared for its first end is discarded)
+                prev.ended = prev.end_done = prev.capped = False
+                prev.final = prev.eot_t = prev.speech_end_t = None
+                self.recent = []
+                return [SpeechStarted(now, audio_t=ch.audio_t), *self._on_reopen(prev)]
             events = self._interrupt(now)
             self.n_turns += 1
             turn = _Turn(self.n_turns, ch.audio_t)
@@ -150,9 +160,7 @@ class LivePipeline:
             turn.audio_start_t = (held_start + skip) / SAMPLE_RATE
             self.recent = []
             if self.cfg.partials:
-                # a partial that loops is skipped rather than decoded again over the full window
-                recognize = transcriber_recognizer(self.transcriber, loop_fallback=False)
-                turn.asr = OnlineASR(recognize, StreamConfig(buffer_s=25.0))
+                turn.asr = OnlineASR(self._recognizer(turn), StreamConfig(buffer_s=25.0))
             self.turn = turn
             events.append(SpeechStarted(now, audio_t=ch.audio_t))
             return events + self._on_turn_start(turn)
@@ -197,6 +205,18 @@ class LivePipeline:
                 return self._final_transcript(turn)
         return self._work(deadline)
 
+    def _recognizer(self, turn: _Turn):
+        """Streaming passes: each drafts from the previous pass's tokens (the same audio and a
+        little more: most of it is accepted in a few passes), and a pass that loops is skipped
+        rather than decoded again over Whisper's full window."""
+
+        def recognize(audio: np.ndarray) -> list[Word]:
+            tr = self.transcriber.transcribe(audio, loop_fallback=False, hint=turn.last_ids or None)
+            turn.last_ids = list(getattr(tr, "token_ids", []) or [])
+            return spread_words(tr.text, audio)
+
+        return recognize
+
     def _asr_due(self, turn: _Turn) -> bool:
         have = sum(len(x) for x in turn.audio) / SAMPLE_RATE
         return turn.speech_end_t is None and have - turn.fed_s >= self.cfg.asr_step_s
@@ -235,7 +255,8 @@ class LivePipeline:
         t0 = time.perf_counter()
         cut = turn.speech_end_t + self.cfg.turn.pause_s
         audio = turn.samples()[: max(0, int(round((cut - turn.audio_start_t) * SAMPLE_RATE)))]
-        text = self.transcriber.transcribe(audio).text.strip() if audio.size else ""
+        hint = turn.last_ids or None  # the last streaming pass heard nearly the same audio
+        text = self.transcriber.transcribe(audio, hint=hint).text.strip() if audio.size else ""
         self._charge(turn, "asr", time.perf_counter() - t0)
         turn.asr_passes += 1
         turn.final, turn.final_audio_s = " ".join(text.split()), len(audio) / SAMPLE_RATE
@@ -271,6 +292,14 @@ class LivePipeline:
         return []
 
     def _on_resume(self, turn: _Turn) -> list[Event]:
+        return []
+
+    def _mergeable(self, turn: _Turn) -> bool:
+        """Whether speech starting now continues this ended turn (nothing answered it yet)."""
+        return not turn.end_done
+
+    def _on_reopen(self, turn: _Turn) -> list[Event]:
+        """An ended turn goes on (see ``_mergeable``): drop what was prepared for its end."""
         return []
 
     def _on_end(self, turn: _Turn) -> list[Event]:

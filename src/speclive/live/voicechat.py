@@ -108,6 +108,27 @@ class VoiceChat(LivePipeline):
         self.playing, self._first_ready, self._answer = [], None, ""
         return []
 
+    def _mergeable(self, turn: _Turn) -> bool:
+        if not turn.end_done:
+            return True
+        if turn is not self.reply_turn or self.reply is None:
+            return False  # answered (or being played): new speech is a new turn
+        if self.tts is None:
+            return self._first_ready is None
+        now = self.clock()
+        return not any(p.start <= now for p in self.playing)
+
+    def _on_reopen(self, turn: _Turn) -> list[Event]:
+        """The user went on before any answer was heard: the answer in progress is dropped and
+        the turn is answered when it ends again (its history is unchanged)."""
+        if self.reply is not None:
+            self.reply.close()
+        self.reply = self.reply_turn = None
+        self.playing, self._first_ready, self._answer = [], None, ""
+        self._new_responder()
+        self._presynth_t = None
+        return []
+
     def _interrupt(self, now: float) -> list[Event]:
         """Barge-in: stop generating, keep what was played in the history."""
         playing_now = any(p.end > now for p in self.playing)
@@ -162,7 +183,9 @@ class VoiceChat(LivePipeline):
             perf_deadline = None if deadline is None else self.clock.to_perf(deadline)
             synth_deadline = self.clock.to_perf(next_pass)
         t0 = time.perf_counter()
-        u = r.update(text, deadline=perf_deadline, synth_deadline=synth_deadline)
+        u = r.update(
+            text, deadline=perf_deadline, synth_deadline=synth_deadline, settled=turn.final is not None
+        )
         dt = time.perf_counter() - t0
         self._charge(turn, "tts", u.tts_s)
         self._charge(turn, "llm", dt - u.tts_s)

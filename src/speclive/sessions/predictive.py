@@ -367,7 +367,11 @@ class PredictiveResponder:
     supports_deadline = True
 
     def update(
-        self, partial: str, deadline: float | None = None, synth_deadline: float | None = None
+        self,
+        partial: str,
+        deadline: float | None = None,
+        synth_deadline: float | None = None,
+        settled: bool = False,
     ) -> CandidateUpdate:
         """A new partial prompt: re-verify and extend the candidate, pre-synthesize its first
         sentence if it changed.
@@ -377,7 +381,8 @@ class PredictiveResponder:
         would, keeping what it generated so far; the first sentence is pre-synthesized only if
         the synthesis is expected to finish by then (or by ``synth_deadline`` when given: a
         live pipeline yields often to listen, but has time for a synthesis until its next
-        transcription pass).
+        transcription pass). ``settled``: this text is probably the final prompt (the user
+        paused): the candidate is verified against it at once, even one cut off earlier.
 
         The baselines: ``cascade`` does nothing, ``prefill`` only prefills the partial prompt,
         ``preemptive`` restarts a plain generation whenever the partial prompt changed.
@@ -408,7 +413,7 @@ class PredictiveResponder:
             # prompt it was made for: re-verifying it against every new word would cost as much
             # as the time between words on a CPU, and it would never grow. New words wait for
             # the next update (and are always checked by the final verification).
-            resume = self._cut_off and bool(self.candidate) and bool(self.partial)
+            resume = self._cut_off and bool(self.candidate) and bool(self.partial) and not settled
         # may raise (e.g. too long): the session stays as it was
         r = self._run(self.partial if resume else partial, deadline=deadline, resume=resume)
         self._cut_off = not r["first"]
