@@ -154,6 +154,7 @@ def test_required_names_hub_ids_and_bundle() -> None:
         "qwen2.5-coder-0.5b-instruct",
         "piper-joe-medium",
         "whisper-tiny.en",
+        "whisper-base",
         "mt-bench",
         "humaneval",
     }

@@ -174,8 +174,10 @@ class VoiceChat(LivePipeline):
         if not text or (text == r.latest and not r.incomplete):
             return None
         if turn.final is not None:
-            # the turn is probably over: finish the first sentence and its audio now
-            perf_deadline = synth_deadline = None
+            # the turn is probably over: the first sentence and its audio are worth finishing
+            # now, in slices, so the VAD still hears the end of turn (or more speech) at once
+            perf_deadline = None if deadline is None else self.clock.to_perf(deadline)
+            synth_deadline = None
         else:
             # yield when the caller has new input (the VAD must hear a pause at once), but
             # leave time for a synthesis until the next transcription pass is due

@@ -230,7 +230,8 @@ _SPECS: tuple[ModelSpec, ...] = (
             ),
         ),
         description="Whisper base (multilingual) in CTranslate2 format (faster-whisper folder; vocab 51,865)",
-        in_default_bundle=False,
+        # the live pipelines' and the server's recognizer
+        in_default_bundle=True,
         main_file="model.bin",
     ),
     ModelSpec(

@@ -413,7 +413,13 @@ class PredictiveResponder:
             # prompt it was made for: re-verifying it against every new word would cost as much
             # as the time between words on a CPU, and it would never grow. New words wait for
             # the next update (and are always checked by the final verification).
-            resume = self._cut_off and bool(self.candidate) and bool(self.partial) and not settled
+            # A settled text is verified at once, unless the cut-off candidate was made for it.
+            resume = (
+                self._cut_off
+                and bool(self.candidate)
+                and bool(self.partial)
+                and (not settled or partial == self.partial)
+            )
         # may raise (e.g. too long): the session stays as it was
         r = self._run(self.partial if resume else partial, deadline=deadline, resume=resume)
         self._cut_off = not r["first"]
