@@ -218,17 +218,10 @@ def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = pri
             samples.append(
                 {"id": q["id"], "question": q["prompt"], "voice": v, **speak(tts, q["prompt"], pause)}
             )
-    header = {
-        "machine": report.machine_info(),
-        "target": models.llm.name,  # type: ignore[union-attr]
-        "backends": opts.backend,
-        "models": {
-            "llm": models.llm.name,  # type: ignore[union-attr]
-            "asr": f"{models.cfg.asr_model} (+{models.cfg.asr_draft} draft, {models.cfg.asr_method}, "
-            f"window audio+{opts.asr_margin_s}s)",
-            "tts": models.tts.name,  # type: ignore[union-attr]
-        },
-        "settings": {
+    header = _header(
+        models,
+        opts,
+        {
             "questions": len(questions),
             "voices": list(opts.voices),
             "samples": len(samples),
@@ -239,9 +232,7 @@ def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = pri
             "clock": "simulated, compute charged (VirtualClock)",
             "chunk s": 0.1,
         },
-        "methods": list(opts.methods),
-        "command": opts.command,
-    }
+    )
     for line in report.header_lines(header):
         log(line)
     turn = TurnConfig(pause_s=opts.pause_s, end_s=opts.end_s)
@@ -306,6 +297,27 @@ def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = pri
             **timeline,
         },
         "waveform": _envelope(samples[0]["audio"]),
+    }
+
+
+def _header(models, opts: LiveBenchOptions, settings: dict[str, Any]) -> dict[str, Any]:
+    """The run header: machine, models, settings, methods and the reproducing command."""
+    cfg = models.cfg
+    names = {
+        "llm": models.llm.name,
+        "asr": f"{cfg.asr_model} (+{cfg.asr_draft} draft, {cfg.asr_method}, "
+        f"window audio+{opts.asr_margin_s}s)",
+    }
+    if models.tts is not None:
+        names["tts"] = models.tts.name
+    return {
+        "machine": report.machine_info(),
+        "target": models.llm.name,
+        "backends": opts.backend,
+        "models": names,
+        "settings": settings,
+        "methods": list(opts.methods),
+        "command": opts.command,
     }
 
 
@@ -539,16 +551,10 @@ def run_live_translate_bench(opts: LiveBenchOptions, log: Callable[[str], None] 
         for i, t in enumerate(texts)
         for v, tts in voices.items()
     ]
-    header = {
-        "machine": report.machine_info(),
-        "target": models.llm.name,  # type: ignore[union-attr]
-        "backends": opts.backend,
-        "models": {
-            "llm": models.llm.name,  # type: ignore[union-attr]
-            "asr": f"{models.cfg.asr_model} (+{models.cfg.asr_draft} draft, {models.cfg.asr_method}, "
-            f"window audio+{opts.asr_margin_s}s)",
-        },
-        "settings": {
+    header = _header(
+        models,
+        opts,
+        {
             "utterances": len(texts),
             "voices": list(opts.voices),
             "samples": len(samples),
@@ -559,10 +565,8 @@ def run_live_translate_bench(opts: LiveBenchOptions, log: Callable[[str], None] 
             "max_tokens": opts.max_tokens,
             "clock": "simulated, compute charged (VirtualClock)",
         },
-        "methods": list(opts.methods),
-        "command": opts.command,
-        "pipeline": "translate",
-    }
+    )
+    header["pipeline"] = "translate"
     for line in report.header_lines(header):
         log(line)
     turn = TurnConfig(pause_s=opts.pause_s, end_s=opts.end_s)
