@@ -102,5 +102,5 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     if config.api_key:
         app.add_middleware(AuthMiddleware, api_key=config.api_key)
-    app.add_middleware(ObserveMiddleware, metrics=services.metrics, endpoint=route_label(app.router))
+    app.add_middleware(ObserveMiddleware, metrics=services.metrics, endpoint=route_label)
     return app

@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from speclive.server.errors import APIError, BodyTooLarge
@@ -151,14 +150,9 @@ class BodyLimitMiddleware:
             await send_error(send, APIError(413, str(exc.detail), code="request_too_large"))
 
 
-def route_label(app: ASGIApp) -> Callable[[Scope], str]:
-    """The path template of the route a request matched (``/v1/models/{model}``), else ``other``."""
-
-    def label(scope: Scope) -> str:
-        for route in getattr(app, "routes", ()):
-            match, _ = route.matches(scope)
-            if match == Match.FULL:
-                return getattr(route, "path", "other")
-        return "other"
-
-    return label
+def route_label(scope: Scope) -> str:
+    """The path template of the route the request matched (``/v1/models/{model}``), else ``other``
+    (the router records the route in the scope, which this middleware shares)."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) and path else "other"
