@@ -16,6 +16,7 @@ import threading
 import time
 import wave
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import numpy as np
@@ -160,6 +161,10 @@ def test_chat_stop_length_and_models(srv):
         model=SMALL, messages=_ask("Count from 1 to 20, separated by commas."), stop=["5"], max_tokens=64
     )
     assert r.choices[0].finish_reason == "stop" and "5" not in r.choices[0].message.content
+    r = srv.client.chat.completions.create(  # sampling: speculative sampling over the drafts
+        model=SMALL, messages=_ask("Name a color."), max_tokens=8, temperature=0.8, seed=7
+    )
+    assert r.choices[0].message.content and r.usage.completion_tokens <= 8
 
     ids = {m.id for m in srv.client.models.list().data}
     assert {SMALL, "default", "whisper-tiny.en", "whisper-1", "gpt-4o-transcribe"} <= ids
@@ -201,34 +206,53 @@ EXACT_PROMPTS = [
 ]
 
 
+def _assert_greedy(srv, prompt: str, text: str, n: int) -> None:
+    """``text`` is the target's greedy answer, or departs from it only at a near tie."""
+    tok = srv.backend.tokenizer
+    ref, gaps = _reference(srv, prompt, n)
+    ref_text = tok.decode(ref)
+    if text != ref_text:
+        at = next((i for i, (a, b) in enumerate(zip(text, ref_text, strict=False)) if a != b), None)
+        at = min(len(text), len(ref_text)) if at is None else at
+        j = next(k for k in range(len(ref) + 1) if k == len(ref) or len(tok.decode(ref[: k + 1])) > at)
+        assert j < len(gaps) and gaps[j] < NEAR_TIE, (text, ref_text, j, gaps[j : j + 1])
+
+
+def _stream_text(srv, prompt: str, n: int) -> tuple[str, object]:
+    chunks = list(
+        srv.client.chat.completions.create(
+            model=SMALL,
+            messages=_ask(prompt),
+            max_tokens=n,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage
+
+
 def test_streamed_speculative_chat_is_greedy_output(srv):
     """The n-gram drafter through the server = plain greedy decoding of the target (on llama.cpp
     a flip is allowed only at a near tie of the reference, as in test_exactness)."""
     n = 48
-    tok = srv.backend.tokenizer
     accepted = 0
     for prompt in EXACT_PROMPTS:
-        chunks = list(
-            srv.client.chat.completions.create(
-                model=SMALL,
-                messages=_ask(prompt),
-                max_tokens=n,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        )
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        ref, gaps = _reference(srv, prompt, n)
-        ref_text = tok.decode(ref)
-        if text != ref_text:
-            at = next((i for i, (a, b) in enumerate(zip(text, ref_text, strict=False)) if a != b), None)
-            at = min(len(text), len(ref_text)) if at is None else at
-            j = next(k for k in range(len(ref) + 1) if k == len(ref) or len(tok.decode(ref[: k + 1])) > at)
-            assert j < len(gaps) and gaps[j] < NEAR_TIE, (text, ref_text, j, gaps[j : j + 1])
-        usage = chunks[-1].usage
+        text, usage = _stream_text(srv, prompt, n)
+        _assert_greedy(srv, prompt, text, n)
         assert usage.model_extra["speclive"]["target_forwards"] <= usage.completion_tokens + 1
         accepted += usage.model_extra["speclive"]["accepted"]
     assert accepted > 0  # the drafts were used, not just proposed
+
+
+def test_concurrent_streams_keep_their_own_state(srv):
+    """Streams generated at the same time (interleaved step by step on the worker) each give
+    their own prompt's answer: no cache is shared between sessions."""
+    n = 32
+    with ThreadPoolExecutor(3) as pool:
+        texts = list(pool.map(lambda p: _stream_text(srv, p, n)[0], EXACT_PROMPTS))
+    for prompt, text in zip(EXACT_PROMPTS, texts, strict=True):
+        _assert_greedy(srv, prompt, text, n)
+    _wait_idle(srv)
 
 
 def test_client_disconnect_mid_stream(srv):

@@ -88,8 +88,15 @@ class Services:
         return self._engines[kind]
 
     async def load_all(self) -> None:
-        for kind in KINDS:
-            await self.engine(kind)
+        """Load every engine (``preload``). The chat model must load (a server without it is
+        useless: startup fails); a speech model that fails is logged and its endpoint answers
+        503 until a later request loads it."""
+        await self.engine("chat")
+        for kind in KINDS[1:]:
+            try:
+                await self.engine(kind)
+            except APIError as exc:
+                log.warning("%s (its endpoint answers 503 until it loads)", exc.message)
 
     def status(self) -> dict[str, str | None]:
         return {k: (e.name if e is not None else None) for k, e in self._engines.items()}
