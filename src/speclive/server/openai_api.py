@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 import anyio
@@ -24,13 +24,13 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from speclive.server.audio import PCM_RATE, decode_upload, pcm16, resample, wav_bytes
-from speclive.server.chat import ChatDelta, ChatDone, ChatParams
+from speclive.server.chat import ChatDone, ChatParams
 from speclive.server.errors import APIError, translate
 from speclive.server.middleware import INTERNAL_ERROR
 from speclive.server.schemas import ChatCompletionRequest, SpeechRequest
 from speclive.server.services import Services
 from speclive.server.sessions import Session
-from speclive.server.worker import Stream
+from speclive.server.worker import ModelWorker, Stream
 
 log = logging.getLogger("speclive.server")
 router = APIRouter()
@@ -77,12 +77,18 @@ def _stream_error(exc: BaseException) -> dict:
     return err.body()
 
 
-async def _prime(stream: Stream[Any], session: Session) -> Any:
-    """The stream's first item; on failure the stream and the session are let go."""
+async def _start(
+    worker: ModelWorker, factory: Callable[[], Any], session: Session
+) -> tuple[Stream[Any], Any]:
+    """Start ``factory``'s iterator on ``worker`` and wait for its first item (priming); on
+    failure the stream is cancelled and the session let go before the error propagates."""
+    stream: Stream[Any] | None = None
     try:
-        return await stream.next()
+        stream = worker.stream(factory)
+        return stream, await stream.next()
     except BaseException:
-        stream.cancel()
+        if stream is not None:
+            stream.cancel()
         session.release()
         raise
 
@@ -116,10 +122,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     )
     engine = await svc.engine("chat")
     session = svc.sessions.acquire("chat", engine.max_parallel)
-    stream: Stream[ChatDelta | ChatDone] = svc.worker("chat").stream(
-        lambda: engine.generate(messages, params)
-    )
-    first = await _prime(stream, session)
+    stream, first = await _start(svc.worker("chat"), lambda: engine.generate(messages, params), session)
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "created": int(time.time()),
@@ -267,10 +270,10 @@ async def transcriptions(
     engine = await svc.engine("transcription")
     session = svc.sessions.acquire("transcription")
     if stream:
-        partials: Stream[Any] = svc.worker("transcription").stream(
-            lambda: engine.stream(audio, svc.config.asr_step_s)
+        step_s = svc.config.asr_step_s
+        partials, first = await _start(
+            svc.worker("transcription"), lambda: engine.stream(audio, step_s), session
         )
-        first = await _prime(partials, session)
         return EventStream(_transcript_events(svc, partials, session, first, duration))
     try:
         transcript = await svc.worker("transcription").call(engine.transcribe, audio)
