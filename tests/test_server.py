@@ -494,6 +494,15 @@ def test_unexpected_error_is_500_without_details(scripted):
         assert r.status_code == 200
 
 
+def test_a_model_that_fails_to_load_is_503_and_the_server_stays_up():
+    app = create_app(ServerConfig(model="/nonexistent/model.gguf"))  # lazy: loads on first use
+    with running(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        body = {"model": "/nonexistent/model.gguf", "messages": _ask("hi")}
+        err = _err(http.post("/v1/chat/completions", json=body), 503, "model_unavailable")
+        assert "no such file" in err["message"]
+        assert http.get("/health").json()["models"]["chat"] is None
+
+
 def test_serve_cli_parses():
     import argparse
 

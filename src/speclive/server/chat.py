@@ -85,7 +85,13 @@ class ChatEngine:
         backend = load_backend(
             config.model, config.backend, n_ctx=config.n_ctx, threads=config.threads, device=config.device
         )
-        return cls(backend, config)
+        engine = cls(backend, config)
+        # a drafter recipe that cannot be built (a missing --draft-model) fails the load, not
+        # every request; this also loads a draft model now rather than on the first request
+        drafter = engine.new_drafter()
+        if drafter is not None:
+            drafter.close()
+        return engine
 
     def new_drafter(self) -> Drafter | None:
         from speclive.loader import make_drafter
