@@ -505,7 +505,7 @@ def test_a_model_that_fails_to_load_is_503_and_the_server_stays_up():
         assert http.get("/health").json()["models"]["chat"] is None
 
 
-def test_serve_cli_parses():
+def test_serve_cli_parses(capsys):
     import argparse
 
     from speclive.server.cli import add_serve_parser, config_from_args
@@ -524,3 +524,8 @@ def test_serve_cli_parses():
         "none",
     )
     assert cfg.preload and cfg.url == "http://127.0.0.1:8123"
+
+    from speclive.cli import main
+
+    assert main(["serve", "--drafter", "hybrid-async"]) == 2  # refused before anything loads
+    assert "hybrid-async" in capsys.readouterr().err

@@ -4,26 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from speclive.server.config import SERVE_DRAFTERS
+if TYPE_CHECKING:
+    from speclive.server.config import ServerConfig
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    from speclive.loader import BACKENDS, DEFAULT_MODEL
+    from speclive.cli import _add_engine_args
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server: chat, transcription, speech")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
-    p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
-    p.add_argument("--drafter", default="ngram", choices=SERVE_DRAFTERS, help="none = plain decoding")
-    p.add_argument("--draft-model", default=None, help="draft model for --drafter model|crossvocab|hybrid")
-    p.add_argument("--max-draft", type=int, default=None, help="longest draft (adaptive below it)")
-    p.add_argument("--threshold", type=float, default=0.4, help="draft confidence cut-off (model drafters)")
-    p.add_argument("--datastore", default=None, help="global suffix datastore (--drafter suffix|hybrid)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--device", default="cpu", help="torch device of --backend hf")
-    p.add_argument("--n-ctx", type=int, default=None, help="context window (all sessions share it)")
+    # --model --backend --drafter --draft-model --max-draft --threshold --threads --device --n-ctx
+    # --datastore, as `generate` has them (the drafter is checked against SERVE_DRAFTERS)
+    _add_engine_args(p)
     p.add_argument("--asr-model", default="whisper-base", help="Whisper model of /v1/audio/transcriptions")
     p.add_argument("--asr-draft", default="whisper-tiny.en", help="SpecASR draft (a Whisper model or self:N)")
     p.add_argument("--asr-method", default="specasr", help="ar | sd | specasr | faster-whisper")
@@ -37,7 +32,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def config_from_args(args: argparse.Namespace):
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
     from speclive.server.config import ServerConfig
 
     return ServerConfig(
