@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH)
 	# llama-cpp-python builds from its sdist (~6 min on 2 cores, cached by pip afterwards)
-	$(PIP) install --quiet -e '.[llamacpp,voice,bench,dev,asr]'
+	$(PIP) install --quiet -e '.[llamacpp,voice,bench,dev,asr,serve]'
 	$(PY) -c "import torch, llama_cpp, transformers; print('torch', torch.__version__, '| llama-cpp-python', llama_cpp.__version__, '| transformers', transformers.__version__)"
 	touch $@
 

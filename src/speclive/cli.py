@@ -154,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
 
     add_live_parser(sub)
 
+    from speclive.server.cli import add_serve_parser
+
+    add_serve_parser(sub)
+
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -1,0 +1,106 @@
+"""``create_app(config)``: the FastAPI application of ``speclive serve``.
+
+Routes: the OpenAI-compatible REST API (``openai_api.py``), ``GET /health`` (open, no auth)
+and ``GET /metrics`` (Prometheus text). Middleware (``middleware.py``): metrics + error
+boundary, API-key auth, body-size limit. No CORS middleware: the web page that will use the
+API is served from this same origin.
+
+Models load lazily on first use, or at startup with ``ServerConfig.preload`` (what ``serve``
+does, so the first request is fast). Tests pass already-loaded objects: ``backend`` (an LLM
+``Backend``), ``transcriber`` (an ``asr.transcribe.Transcriber``), ``tts`` (a TTS voice), or
+ready engines (``chat``, ``stt``, ``speech``, e.g. fakes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from speclive.server.config import ServerConfig
+from speclive.server.errors import install_error_handlers
+from speclive.server.middleware import AuthMiddleware, BodyLimitMiddleware, ObserveMiddleware, route_label
+from speclive.server.openai_api import router as openai_router
+from speclive.server.services import Services
+
+__all__ = ["ServerConfig", "create_app"]
+
+log = logging.getLogger("speclive.server")
+
+
+def create_app(
+    config: ServerConfig | None = None,
+    *,
+    backend: Any = None,
+    transcriber: Any = None,
+    tts: Any = None,
+    chat: Any = None,
+    stt: Any = None,
+    speech: Any = None,
+) -> FastAPI:
+    config = config or ServerConfig()
+    if backend is not None and chat is None:
+        from speclive.server.chat import ChatEngine
+
+        chat = ChatEngine(backend, config)
+    if transcriber is not None and stt is None:
+        from speclive.server.speech import SpeechToText
+
+        stt = SpeechToText(transcriber)
+    if tts is not None and speech is None:
+        from speclive.server.speech import TextToSpeech
+
+        speech = TextToSpeech(tts)
+    services = Services(config, chat=chat, transcription=stt, speech=speech)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if config.preload:
+            await services.load_all()
+        yield
+        services.close()
+
+    app = FastAPI(
+        title="speclive",
+        description="OpenAI-compatible speech + LLM API, fast by speculative decoding",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.speclive = services
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "models": services.status(), "live_sessions": services.sessions.live}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(services.metrics.render(), media_type=services.metrics.content_type)
+
+    app.include_router(openai_router)
+
+    # ---- reserved: realtime voice and the web page ------------------------------------------
+    # `WS /v1/realtime` (a router with the websocket endpoint) and the static page at `/` are
+    # added here later, e.g.:
+    #     from speclive.server.realtime import router as realtime_router
+    #     app.include_router(realtime_router)
+    #     app.mount("/", StaticFiles(directory=..., html=True), name="web")  # keep last
+    # AuthMiddleware already covers websocket scopes (closes with 1008 without a valid key).
+    # -------------------------------------------------------------------------------------------
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> JSONResponse:  # replaced by the web page later
+        return JSONResponse({"name": "speclive", "api": "/v1", "health": "/health", "metrics": "/metrics"})
+
+    # added last = outermost: observe (metrics, error boundary) -> auth -> body limit -> routes
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    if config.api_key:
+        app.add_middleware(AuthMiddleware, api_key=config.api_key)
+    app.add_middleware(ObserveMiddleware, metrics=services.metrics, endpoint=route_label)
+    return app

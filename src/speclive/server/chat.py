@@ -1,0 +1,130 @@
+"""The chat model behind ``/v1/chat/completions``: one ``SpeculativeDecoder`` per request.
+
+``ChatEngine.generate`` is the iterator a ``ModelWorker`` advances one decoder step per turn.
+Each request gets its own decoder, hence its own KV state and drafter, over the shared backend;
+the state is released in the iterator's ``finally`` when the generation ends, fails or is
+cancelled, so sessions never see each other's cache. Speculation is on by default (the
+configured drafter); greedy decoding is lossless, so the answer is the target's own greedy one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from speclive.backends.base import Backend
+from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder
+from speclive.drafting.base import Drafter
+from speclive.server.config import ServerConfig
+
+#: decoder finish reasons -> OpenAI's
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+
+
+@dataclass
+class ChatParams:
+    #: None: as many as the cap and the context window allow
+    max_tokens: int | None = None
+    temperature: float = 0.0
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+
+
+@dataclass
+class ChatDelta:
+    """One decoder step: the new text (may be empty: held back or no token yet) and its cost."""
+
+    text: str
+    tokens: int
+    drafted: int
+    accepted: int
+
+
+@dataclass
+class ChatDone:
+    stats: GenerationStats
+
+    @property
+    def finish_reason(self) -> str:
+        return FINISH_REASONS.get(self.stats.finish_reason, "stop")
+
+    def usage(self) -> dict:
+        s = self.stats
+        return {
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.new_tokens,
+            "total_tokens": s.prompt_tokens + s.new_tokens,
+            "speclive": {
+                "target_forwards": s.target_forwards,
+                "drafted": s.drafted,
+                "accepted": s.accepted,
+                "mean_accepted": round(s.mean_accepted, 4),
+            },
+        }
+
+
+ChatEvent = ChatDelta | ChatDone
+
+
+class ChatEngine:
+    """A loaded LLM plus the drafter recipe of the server configuration."""
+
+    def __init__(self, backend: Backend, config: ServerConfig):
+        self.backend = backend
+        self.config = config
+        self.name = backend.name
+        self.n_ctx = backend.n_ctx
+        #: generations that can hold a KV state at once (llama.cpp: ``max_states``; more would
+        #: evict each other's caches)
+        self.max_parallel: int | None = getattr(backend, "max_states", None)
+
+    @classmethod
+    def load(cls, config: ServerConfig) -> ChatEngine:
+        from speclive.loader import load_backend
+
+        backend = load_backend(
+            config.model, config.backend, n_ctx=config.n_ctx, threads=config.threads, device=config.device
+        )
+        engine = cls(backend, config)
+        # a drafter recipe that cannot be built (a missing --draft-model) fails the load, not
+        # every request; this also loads a draft model now rather than on the first request
+        drafter = engine.new_drafter()
+        if drafter is not None:
+            drafter.close()
+        return engine
+
+    def new_drafter(self) -> Drafter | None:
+        from speclive.loader import make_drafter
+
+        c = self.config
+        return make_drafter(
+            c.drafter,
+            self.backend,
+            c.draft_model,
+            max_len=c.max_draft,
+            threshold=c.threshold,
+            datastore=c.datastore,
+        )
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.backend.tokenizer.chat(messages)
+
+    def generate(self, messages: list[dict[str, str]], params: ChatParams) -> Iterator[ChatEvent]:
+        """Deltas step by step, then one ``ChatDone``; runs on the model's worker thread."""
+        ids = self.prompt_ids(messages)
+        cap = self.config.max_tokens
+        cfg = GenerationConfig(
+            max_tokens=min(params.max_tokens or cap, cap),
+            stop=params.stop,
+            temperature=params.temperature,
+            seed=params.seed,
+        )
+        dec = SpeculativeDecoder(self.backend, self.new_drafter())
+        steps = dec.generate(ids, cfg)
+        try:
+            for ev in steps:
+                yield ChatDelta(ev.text, len(ev.tokens), ev.drafted, ev.accepted)
+            yield ChatDone(dec.last_stats)
+        finally:
+            steps.close()  # the drafter's end() before the state goes
+            dec.close()

@@ -1,0 +1,88 @@
+"""``speclive serve``: run the OpenAI-compatible server with uvicorn (models loaded at startup)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from speclive.server.config import ServerConfig
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    from speclive.cli import _add_engine_args
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server: chat, transcription, speech")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    # --model --backend --drafter --draft-model --max-draft --threshold --threads --device --n-ctx
+    # --datastore, as `generate` has them (the drafter is checked against SERVE_DRAFTERS)
+    _add_engine_args(p)
+    p.add_argument("--asr-model", default="whisper-base", help="Whisper model of /v1/audio/transcriptions")
+    p.add_argument("--asr-draft", default="whisper-tiny.en", help="SpecASR draft (a Whisper model or self:N)")
+    p.add_argument("--asr-method", default="specasr", help="ar | sd | specasr | faster-whisper")
+    p.add_argument("--voice", default="piper-joe-medium", help="Piper voice of /v1/audio/speech")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health)")
+    p.add_argument("--max-sessions", type=int, default=4, help="requests computing at once; more get 503")
+    p.add_argument("--max-tokens", type=int, default=2048, help="most tokens one completion may generate")
+    p.add_argument("--max-audio", type=float, default=120.0, help="longest audio to transcribe (seconds)")
+    p.add_argument("--lazy", action="store_true", help="load each model on first use, not at startup")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(func=cmd_serve)
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    from speclive.server.config import ServerConfig
+
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        backend=args.backend,
+        drafter=args.drafter,
+        draft_model=args.draft_model,
+        max_draft=args.max_draft,
+        threshold=args.threshold,
+        datastore=args.datastore,
+        n_ctx=args.n_ctx,
+        threads=args.threads,
+        device=args.device,
+        asr_model=args.asr_model,
+        asr_draft=args.asr_draft,
+        asr_method=args.asr_method,
+        tts_voice=args.voice,
+        api_key=args.api_key,
+        max_sessions=args.max_sessions,
+        max_tokens=args.max_tokens,
+        max_audio_s=args.max_audio,
+        preload=not args.lazy,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from speclive.server.app import create_app
+    except ImportError as e:  # pragma: no cover - depends on the install
+        print(f"speclive serve needs the 'serve' extra ({e}): pip install -e '.[serve]'", file=sys.stderr)
+        return 2
+    import logging
+
+    config = config_from_args(args)
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=args.log_level.upper(), format=fmt)
+    app = create_app(config)
+    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
+        print(
+            f"warning: listening on {config.host} without --api-key: anyone who can reach it may use it",
+            file=sys.stderr,
+        )
+    print(
+        f"speclive serve: loading models, then listening on {config.url} (OpenAI base_url: {config.url}/v1)",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,106 @@
+"""What one app serves: the three engines (chat, transcription, speech), their workers, the
+session limiter, the model names and the metrics.
+
+An engine is loaded on first use (or at startup with ``ServerConfig.preload``) on its own worker
+thread, so a load never blocks the event loop; tests hand in engines already loaded. A failed
+load answers 503 ``model_unavailable`` (and is logged) and is retried on the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from speclive.server.config import ServerConfig
+from speclive.server.errors import APIError
+from speclive.server.metrics import Metrics
+from speclive.server.names import ModelNames
+from speclive.server.sessions import SessionLimiter
+from speclive.server.worker import ModelWorker
+
+log = logging.getLogger("speclive.server")
+
+KINDS = ("chat", "transcription", "speech")
+
+
+class Services:
+    def __init__(
+        self,
+        config: ServerConfig,
+        chat: Any = None,
+        transcription: Any = None,
+        speech: Any = None,
+    ):
+        self.config = config
+        self.metrics = Metrics()
+        self.names = ModelNames(config)
+        self.sessions = SessionLimiter(config.max_sessions, self.metrics.sessions)
+        self._engines: dict[str, Any] = {"chat": chat, "transcription": transcription, "speech": speech}
+        self._workers: dict[str, ModelWorker] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        if chat is not None:
+            self.names.llm_name = chat.name
+
+    # ---- workers ------------------------------------------------------------------------
+    def worker(self, kind: str) -> ModelWorker:
+        w = self._workers.get(kind)
+        if w is None:
+            w = self._workers[kind] = ModelWorker(kind)
+            self.metrics.watch_queue(kind, lambda w=w: w.pending)
+        return w
+
+    # ---- engines ------------------------------------------------------------------------
+    def loaded(self, kind: str) -> bool:
+        return self._engines[kind] is not None
+
+    def _loader(self, kind: str) -> Callable[[ServerConfig], Any]:
+        if kind == "chat":
+            from speclive.server.chat import ChatEngine
+
+            return ChatEngine.load
+        from speclive.server.speech import SpeechToText, TextToSpeech
+
+        return SpeechToText.load if kind == "transcription" else TextToSpeech.load
+
+    async def engine(self, kind: str) -> Any:
+        """The ``kind`` engine, loading it on its worker first if needed."""
+        eng = self._engines[kind]
+        if eng is not None:
+            return eng
+        lock = self._locks.setdefault(kind, asyncio.Lock())
+        async with lock:
+            if self._engines[kind] is None:
+                try:
+                    eng = await self.worker(kind).call(self._loader(kind), self.config)
+                except Exception as exc:
+                    log.exception("loading the %s model failed", kind)
+                    raise APIError(
+                        503,
+                        f"The {kind} model could not be loaded: {exc}",
+                        code="model_unavailable",
+                    ) from exc
+                self._engines[kind] = eng
+                if kind == "chat":
+                    self.names.llm_name = eng.name
+                log.info("%s model ready: %s", kind, eng.name)
+        return self._engines[kind]
+
+    async def load_all(self) -> None:
+        """Load every engine (``preload``). The chat model must load (a server without it is
+        useless: startup fails); a speech model that fails is logged and its endpoint answers
+        503 until a later request loads it."""
+        await self.engine("chat")
+        for kind in KINDS[1:]:
+            try:
+                await self.engine(kind)
+            except APIError as exc:
+                log.warning("%s (its endpoint answers 503 until it loads)", exc.message)
+
+    def status(self) -> dict[str, str | None]:
+        return {k: (e.name if e is not None else None) for k, e in self._engines.items()}
+
+    def close(self) -> None:
+        for w in self._workers.values():
+            w.close()

@@ -1,0 +1,65 @@
+"""The speech models behind the audio endpoints: SpecASR Whisper and the Piper voice.
+
+Both run on their own ``ModelWorker``; a whole-file transcription or a synthesis is one turn, a
+streaming transcription one pass (``asr.streaming``: 1 s steps, LocalAgreement-2) per turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from speclive.asr.streaming import Partial, StreamConfig, stream_file, transcriber_recognizer
+from speclive.asr.transcribe import TranscribeConfig, Transcriber, Transcript
+from speclive.server.config import ServerConfig
+from speclive.tts.base import TTS, Audio
+
+
+class SpeechToText:
+    def __init__(self, transcriber: Transcriber, name: str | None = None):
+        self.transcriber = transcriber
+        self.name = name or transcriber.cfg.model
+
+    @classmethod
+    def load(cls, config: ServerConfig) -> SpeechToText:
+        cfg = TranscribeConfig(
+            model=config.asr_model, draft=config.asr_draft, method=config.asr_method, threads=config.threads
+        )
+        return cls(Transcriber(cfg))
+
+    def transcribe(self, audio: np.ndarray) -> Transcript:
+        return self.transcriber.transcribe(audio)
+
+    def stream(self, audio: np.ndarray, step_s: float = 1.0) -> Iterator[Partial]:
+        """Partials as if ``audio`` arrived live in ``step_s`` chunks (one pass per item)."""
+        return stream_file(audio, transcriber_recognizer(self.transcriber), StreamConfig(step_s=step_s))
+
+
+class TextToSpeech:
+    def __init__(self, tts: TTS):
+        self.tts = tts
+        self.name = tts.name
+        self.sample_rate = int(tts.sample_rate)
+
+    @classmethod
+    def load(cls, config: ServerConfig) -> TextToSpeech:
+        from speclive.tts.piper import PiperTTS
+
+        return cls(PiperTTS(config.tts_voice, threads=config.threads))
+
+    def synthesize(self, text: str, speed: float = 1.0) -> Audio:
+        """Speech for ``text``; ``speed`` > 1 speaks faster (Piper's length scale 1/speed)."""
+        voice: Any = getattr(self.tts, "voice", None)
+        if speed == 1.0 or voice is None:
+            return self.tts.synthesize(text)
+        import time
+
+        from piper import SynthesisConfig
+
+        t0 = time.perf_counter()
+        syn = SynthesisConfig(length_scale=1.0 / speed)
+        chunks = [c.audio_float_array for c in voice.synthesize(text, syn)]
+        samples = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+        return Audio(samples.astype(np.float32), self.sample_rate, time.perf_counter() - t0)

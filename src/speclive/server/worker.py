@@ -1,0 +1,244 @@
+"""One compute thread per loaded model: requests take turns on it, fairly.
+
+A llama.cpp context (and a Whisper or Piper session) must be used from one thread at a time,
+so every call into a model runs on that model's ``ModelWorker`` thread. The thread serves one
+FIFO queue of *turns*:
+
+- a **call** (``submit`` / ``call``) is one turn: a function run to completion (a Piper
+  synthesis, a whole-file transcription, a model load);
+- a **stream** (``stream``) is an iterator advanced by ONE item per turn (one decoder step of a
+  chat generation, one pass of a streaming transcription); after its turn it goes back to the
+  tail of the queue. Active streams therefore advance round-robin, interleaved with calls in
+  arrival order, and one long generation cannot starve the others.
+
+The iterator is created (``factory()``) and closed on the worker thread, so whatever it sets up
+and tears down in a ``try/finally`` (a ``SpeculativeDecoder`` and its KV state) lives entirely
+on that thread. Items reach the asyncio side through ``loop.call_soon_threadsafe``; awaiting
+them never blocks the event loop. ``Stream.cancel()`` (a client went away) is thread-safe: the
+worker closes the iterator on the stream's next turn (its ``finally`` releases the state) and
+never advances it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger("speclive.server")
+
+
+class _End:
+    """Marks the normal end of a stream."""
+
+
+_END = _End()
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class StreamCancelled(Exception):
+    """Raised by ``Stream.next()`` after the stream was cancelled."""
+
+
+class _Call:
+    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict, future: concurrent.futures.Future):
+        self.fn, self.args, self.kwargs, self.future = fn, args, kwargs, future
+
+
+class Stream(Generic[T]):
+    """The asyncio end of an iterator run step by step on a ``ModelWorker``.
+
+    ``await stream.next()`` (or ``async for``) gives the items in order; an exception raised by
+    the iterator is re-raised here. ``cancel()`` stops it; ``finished`` tells whether the worker
+    is done with it (ended, failed or closed after a cancel).
+    """
+
+    def __init__(
+        self, worker: ModelWorker, factory: Callable[[], Iterator[T]], loop: asyncio.AbstractEventLoop
+    ):
+        self._worker = worker
+        self._factory = factory
+        self._loop = loop
+        self._items: asyncio.Queue[Any] = asyncio.Queue()
+        self._it: Iterator[T] | None = None
+        self._cancelled = threading.Event()
+        self._done = threading.Event()
+        #: True when the stream was closed by ``cancel()`` before its iterator ended
+        self.was_cancelled = False
+
+    # ---- asyncio side -----------------------------------------------------------------
+    async def next(self) -> T:
+        """The next item; ``StopAsyncIteration`` at the end; the iterator's exception if it failed."""
+        item = await self._items.get()
+        if item is _END:
+            self._items.put_nowait(_END)  # later calls see the end again
+            raise StopAsyncIteration
+        if isinstance(item, _Failure):
+            self._items.put_nowait(_END)
+            raise item.exc
+        return item
+
+    def __aiter__(self) -> Stream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        return await self.next()
+
+    def cancel(self) -> None:
+        """Stop the stream (thread-safe, idempotent): the worker closes its iterator."""
+        if not self._done.is_set() and not self._cancelled.is_set():
+            self._cancelled.set()
+            self._worker._wake()
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def wait_finished(self, timeout: float | None = None) -> bool:
+        """Block until the worker is done with the stream (tests, shutdown)."""
+        return self._done.wait(timeout)
+
+    # ---- worker side ------------------------------------------------------------------
+    def _deliver(self, item: Any) -> bool:
+        """Hand ``item`` to the asyncio side; False when the event loop is gone."""
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+            return True
+        except RuntimeError:  # loop closed: nobody will read this stream again
+            return False
+
+    def _close(self) -> None:
+        it, self._it = self._it, None
+        close = getattr(it, "close", None)
+        if close is not None:
+            try:
+                close()  # runs the generator's finally blocks on this (the worker) thread
+            except Exception:
+                log.exception("closing a cancelled stream failed")
+        self._done.set()
+
+    def _turn(self) -> bool:
+        """Advance by one item; True when the stream wants another turn."""
+        if self._cancelled.is_set():
+            self.was_cancelled = True
+            self._close()
+            self._deliver(_Failure(StreamCancelled("the stream was cancelled")))
+            return False
+        try:
+            if self._it is None:
+                self._it = iter(self._factory())
+            item = next(self._it)
+        except StopIteration:
+            self._it = None
+            self._done.set()
+            self._deliver(_END)
+            return False
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request
+            self._close()
+            self._deliver(_Failure(exc))
+            return False
+        if not self._deliver(item):
+            self.was_cancelled = True
+            self._close()
+            return False
+        return True
+
+
+class ModelWorker:
+    """A thread owning one model; see the module docstring for the scheduling."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._queue: deque[_Call | Stream[Any]] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._current: _Call | Stream[Any] | None = None
+        self._thread = threading.Thread(target=self._loop, name=f"speclive-{name}", daemon=True)
+        self._thread.start()
+
+    # ---- submitting -------------------------------------------------------------------
+    def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        """Run ``fn(*args, **kwargs)`` as one turn; a ``concurrent.futures.Future`` of its result."""
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._put(_Call(fn, args, kwargs, fut))
+        return fut
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``submit`` awaited from asyncio (the event loop keeps running meanwhile)."""
+        return await asyncio.wrap_future(self.submit(fn, *args, **kwargs))
+
+    def stream(self, factory: Callable[[], Iterator[T]]) -> Stream[T]:
+        """Run ``factory()``'s iterator one item per turn; call from a running event loop."""
+        s: Stream[T] = Stream(self, factory, asyncio.get_running_loop())
+        self._put(s)
+        return s
+
+    @property
+    def pending(self) -> int:
+        """Turns waiting in the queue (active streams count once)."""
+        with self._cv:
+            return len(self._queue)
+
+    def _put(self, task: _Call | Stream[Any]) -> None:
+        with self._cv:
+            if self._closed:
+                raise RuntimeError(f"the {self.name} worker is closed")
+            self._queue.append(task)
+            self._cv.notify()
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify()
+
+    # ---- the thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:  # closed and drained
+                    return
+                task = self._queue.popleft()
+                self._current = task
+            again = False
+            if isinstance(task, Stream):
+                if self._closed:
+                    task.cancel()
+                again = task._turn()
+            else:
+                self._run_call(task)
+            with self._cv:
+                self._current = None
+                if again:
+                    self._queue.append(task)
+
+    @staticmethod
+    def _run_call(call: _Call) -> None:
+        if not call.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = call.fn(*call.args, **call.kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            call.future.set_exception(exc)
+        else:
+            call.future.set_result(result)
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Cancel open streams, finish queued calls, stop the thread."""
+        with self._cv:
+            self._closed = True
+            for task in self._queue:
+                if isinstance(task, Stream):
+                    task._cancelled.set()
+            self._cv.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
