@@ -90,7 +90,7 @@ def test_virtual_clock_charges_compute_and_skips_idle():
     c.wait_until(10.0)  # idle: no sleeping
     assert c() == pytest.approx(10.0, abs=0.01)
     time.sleep(0.05)  # compute is charged
-    assert c() == pytest.approx(10.05, abs=0.03)
+    assert 10.05 <= c() < 10.5  # a sleep never undershoots; a loaded machine may overshoot
     c.wait_until(5.0)  # the past: nothing happens
     assert c() > 10.0
     w = WallClock()

@@ -78,7 +78,8 @@ def test_honest_clock_counts_compute_and_overrun():
     # poll at 0.1 ("a"); busy until 0.35 -> "a b" (0.3 arrived); busy until ~0.6 -> "a b c";
     # busy until ~0.85 > 0.7: the finish waits ~0.15 s for the session
     assert rec.calls[:3] == ["a", "a b", "a b c"]
-    assert tl["wait_s"] == pytest.approx(0.15, abs=0.08)
+    # ~0.15 s; sleeps only ever overshoot, so a loaded machine can only make it longer
+    assert 0.1 <= tl["wait_s"] < 0.6
     fast = _Recorder(0.0)
     _, tl = simulate_user(fast, "a b c d", cpm=600)
     assert fast.calls[:3] == ["a", "a b", "a b c"] and tl["wait_s"] == 0.0
