@@ -63,7 +63,7 @@ class TextLM(Backend):
             depth.append(depth[p] + 1 if p >= 0 else base + 1)
         rows = np.zeros((len(tokens), V), dtype=np.float32)
         for i, n in enumerate(depth):
-            rows[i, self.data[n] if n < len(self.data) else EOS] = 5.0
+            rows[i, self.data[n] if n < len(self.data) else EOS] = 50.0
         return rows[-1:] if last_only else rows
 
     def _compact(self, state, keep_idx):
@@ -147,3 +147,10 @@ def test_context_finish_reason_and_a_prompt_too_long(k):
         _generate(k, GenerationConfig(max_tokens=5), n_ctx=4)
     with pytest.raises(ConfigError, match="max_tokens"):
         _generate(k, GenerationConfig(max_tokens=0))
+
+
+def test_any_integer_is_a_seed():
+    lm = TextLM()
+    for seed in (-1, -(2**70), 2**70):
+        res = SpeculativeDecoder(lm).run(PROMPT, GenerationConfig(max_tokens=5, temperature=0.7, seed=seed))
+        assert res.token_ids == list(TEXT.encode("utf-8")[4:9])  # one-hot logits: sampling is sure

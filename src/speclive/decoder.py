@@ -192,7 +192,8 @@ class SpeculativeDecoder:
         rule = self.rule or (
             GreedyRule() if cfg.temperature == 0 else SpeculativeSamplingRule(cfg.temperature)
         )
-        rng = np.random.default_rng(cfg.seed)
+        # any integer is a seed (OpenAI's API allows negative ones); numpy takes non-negative
+        rng = np.random.default_rng(cfg.seed if cfg.seed >= 0 else cfg.seed % 2**64)
         tok = self.target.tokenizer
         eos = set() if cfg.ignore_eos else tok.eos_ids
         stats = GenerationStats(prompt_tokens=len(prompt))

@@ -30,6 +30,7 @@ from speclive.server.middleware import INTERNAL_ERROR
 from speclive.server.schemas import ChatCompletionRequest, SpeechRequest
 from speclive.server.services import Services
 from speclive.server.sessions import Session
+from speclive.server.speech import speakable
 from speclive.server.worker import ModelWorker, Stream
 
 log = logging.getLogger("speclive.server")
@@ -360,9 +361,12 @@ async def speech(body: SpeechRequest, request: Request) -> Response:
             f"input is {len(body.input)} characters; at most {svc.config.max_speech_chars} are allowed",
             param="input",
         )
+    text = speakable(body.input)
+    if not text:
+        raise APIError(400, "input has nothing to speak (only blanks or control characters)", param="input")
     engine = await svc.engine("speech")
     with svc.sessions.acquire("speech"):
-        audio = await svc.worker("speech").call(engine.synthesize, body.input, body.speed)
+        audio = await svc.worker("speech").call(engine.synthesize, text, body.speed)
     svc.metrics.audio_out.inc(audio.duration_s)
     if fmt == "pcm":
         samples = await asyncio.to_thread(resample, audio.samples, audio.sample_rate, PCM_RATE)

@@ -6,6 +6,7 @@ streaming transcription one pass (``asr.streaming``: 1 s steps, LocalAgreement-2
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,14 @@ from speclive.asr.streaming import Partial, StreamConfig, stream_file, transcrib
 from speclive.asr.transcribe import TranscribeConfig, Transcriber, Transcript
 from speclive.server.config import ServerConfig
 from speclive.tts.base import TTS, Audio
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def speakable(text: str) -> str:
+    """``text`` with control characters and lone surrogates blanked (the voice cannot take
+    them), trimmed; empty when nothing is left to speak."""
+    return _CONTROL.sub(" ", text).strip()
 
 
 class SpeechToText:
