@@ -192,6 +192,10 @@ def add_bench_parser(subparsers: Any) -> None:
 
     add_asr_bench_parser(sub)
 
+    from speclive.bench.serve import add_serve_bench_parser
+
+    add_serve_bench_parser(sub)
+
 
 def _floats(text: str) -> list[float]:
     try:

@@ -1,0 +1,512 @@
+"""``speclive bench serve``: ``speclive serve`` against llama-cpp-python's OpenAI server.
+
+Both servers run as subprocesses on loopback with the same GGUF, the same thread count and the
+same context size, and are driven by the same streaming HTTP client (OpenAI chat completions,
+SSE, greedy). Only one server computes at a time; the other idles.
+
+- *1 client*: each prompt goes to both servers one after the other, the order alternating per
+  prompt. Per request: time to first token (request sent -> first content delta) and tokens per
+  second (completion tokens / request time), completion tokens counted with the GGUF's own
+  tokenizer for both servers; whether the two texts are identical.
+Sampling is plain greedy on both (llama-cpp-python's default repeat penalty is turned off) and
+llama-cpp-python queues concurrent requests (``--interrupt_requests False``; its default cancels
+the running request when a new one arrives).
+
+- *N clients*: N threads share the prompts, one server at a time, in the order A B B A;
+  aggregate tokens per second (all completion tokens / wall time) and request latency p50 /
+  p99. These requests are not streamed: llama-cpp-python's server (0.3.x, with the FastAPI and
+  sse-starlette releases installed here) ends a running stream as "disconnected" when a second
+  streaming request arrives, even with ``--interrupt_requests False``; whole responses queue.
+
+A couple of warm-up requests per server come first and are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from speclive.bench import report
+
+SERVERS = ("speclive", "llama_cpp.server")
+
+
+@dataclass
+class ServeBenchOptions:
+    model: str
+    prompts: dict[str, list[str]]
+    max_tokens: int = 128
+    clients: int = 8
+    threads: int = 2
+    n_ctx: int = 4096
+    drafter: str = "ngram"
+    warmup: int = 2
+    command: str = ""
+    out: Path = Path("benchmarks/results")
+    tag: str = "serve"
+
+
+@dataclass
+class Request:
+    server: str
+    prompt_set: str
+    prompt: str
+    text: str = ""
+    tokens: int = 0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    error: str = ""
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.total_s if self.total_s > 0 else 0.0
+
+
+@dataclass
+class Running:
+    name: str
+    url: str
+    proc: subprocess.Popen
+    log: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(name: str, cmd: list[str], port: int, log_dir: Path, timeout: float = 600) -> Running:
+    """Start ``cmd`` and wait until ``GET /v1/models`` answers; its output goes to a log file."""
+    log = log_dir / f"{name.replace('.', '_')}.log"
+    fh = log.open("w")
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return Running(name, url, proc, log)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"{name} did not start within {timeout:.0f} s; see {log}")
+
+
+def stop_server(srv: Running) -> None:
+    srv.proc.terminate()
+    try:
+        srv.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        srv.proc.kill()
+
+
+def chat_stream(
+    url: str, model: str, prompt: str, max_tokens: int, count: Callable[[str], int], stream: bool = True
+) -> Request:
+    """One greedy chat completion, streamed or whole; timings from the client's side."""
+    req = Request(server="", prompt_set="", prompt=prompt)
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        # llama-cpp-python's server applies a repeat penalty of 1.1 unless told otherwise:
+        # plain greedy on both sides (speclive ignores the unknown field)
+        "repeat_penalty": 1.0,
+        "stream": stream,
+    }
+    parts: list[str] = []
+    t0 = time.perf_counter()
+    if not stream:
+        try:
+            r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+            if r.status_code != 200:
+                req.error = f"HTTP {r.status_code}: {r.text[:200]}"
+            else:
+                parts.append(r.json()["choices"][0]["message"]["content"] or "")
+        except (httpx.HTTPError, ValueError, KeyError) as e:
+            req.error = f"{type(e).__name__}: {e}"
+        req.total_s = req.ttft_s = time.perf_counter() - t0
+        req.text = "".join(parts)
+        req.tokens = count(req.text)
+        return req
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
+            if r.status_code != 200:
+                r.read()
+                req.error = f"HTTP {r.status_code}: {r.text[:200]}"
+                return req
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices") or []:
+                    delta = (choice.get("delta") or {}).get("content") or ""
+                    if delta:
+                        if not parts:
+                            req.ttft_s = time.perf_counter() - t0
+                        parts.append(delta)
+    except httpx.HTTPError as e:
+        req.error = f"{type(e).__name__}: {e}"
+    req.total_s = time.perf_counter() - t0
+    req.text = "".join(parts)
+    req.tokens = count(req.text)
+    return req
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))
+    return xs[k]
+
+
+def _concurrent(srv: Running, model: str, prompts: list[str], clients: int, opts, count) -> dict[str, Any]:
+    """``clients`` threads share ``prompts``; aggregate throughput and latency percentiles."""
+    results: list[Request] = []
+    lock = threading.Lock()
+    queue = list(prompts)
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                p = queue.pop(0)
+            r = chat_stream(srv.url, model, p, opts.max_tokens, count, stream=False)
+            with lock:
+                results.append(r)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ok = [r for r in results if not r.error]
+    lat = [r.total_s for r in ok]
+    return {
+        "server": srv.name,
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "tokens": sum(r.tokens for r in ok),
+        "wall_s": wall,
+        "aggregate_tok_s": sum(r.tokens for r in ok) / wall if wall > 0 else 0.0,
+        "latency_p50_s": _percentile(lat, 0.5),
+        "latency_p99_s": _percentile(lat, 0.99),
+        "error_samples": sorted({r.error for r in results if r.error})[:3],
+    }
+
+
+def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    from llama_cpp import Llama
+
+    from speclive.models.resolve import resolve
+
+    gguf = resolve(opts.model).gguf
+    if gguf is None:
+        raise RuntimeError(f"{opts.model} has no GGUF file: both servers need one")
+    vocab = Llama(str(gguf), vocab_only=True, verbose=False)
+
+    def count(text: str) -> int:
+        return len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)) if text else 0
+
+    header = {"machine": report.machine_info(), "target": opts.model, "gguf": Path(gguf).name}
+    log_dir = opts.out / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    ours_port, peer_port = _free_port(), _free_port()
+    cmds = {
+        "speclive": [
+            py,
+            "-m",
+            "speclive.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(ours_port),
+            "--model",
+            opts.model,
+            "--drafter",
+            opts.drafter,
+            "--threads",
+            str(opts.threads),
+            "--n-ctx",
+            str(opts.n_ctx),
+        ],
+        "llama_cpp.server": [
+            py,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(peer_port),
+            "--n_threads",
+            str(opts.threads),
+            "--n_threads_batch",
+            str(opts.threads),
+            "--n_ctx",
+            str(opts.n_ctx),
+        ],
+    }
+    servers: dict[str, Running] = {}
+    try:
+        for name in SERVERS:
+            log(f"starting {name} ...")
+            servers[name] = start_server(
+                name, cmds[name], ours_port if name == "speclive" else peer_port, log_dir
+            )
+        models = {n: httpx.get(f"{s.url}/v1/models").json()["data"][0]["id"] for n, s in servers.items()}
+        warm = next(iter(opts.prompts.values()))[: opts.warmup]
+        for name, srv in servers.items():
+            for p in warm:
+                chat_stream(srv.url, models[name], p, opts.max_tokens, count)
+
+        single: list[Request] = []
+        total = sum(len(v) for v in opts.prompts.values())
+        i = 0
+        for set_name, prompts in opts.prompts.items():
+            for p in prompts:
+                order = SERVERS if i % 2 == 0 else SERVERS[::-1]
+                for name in order:
+                    r = chat_stream(servers[name].url, models[name], p, opts.max_tokens, count)
+                    r.server, r.prompt_set = name, set_name
+                    single.append(r)
+                i += 1
+                log(f"1 client: {i}/{total} prompts")
+
+        concurrent: list[dict[str, Any]] = []
+        all_prompts = [p for v in opts.prompts.values() for p in v]
+        for name in (*SERVERS, *SERVERS[::-1]):
+            log(f"{opts.clients} clients on {name} ...")
+            row = _concurrent(servers[name], models[name], all_prompts, opts.clients, opts, count)
+            concurrent.append(row)
+    finally:
+        for srv in servers.values():
+            stop_server(srv)
+    settings = {
+        "max_tokens": opts.max_tokens,
+        "clients": opts.clients,
+        "threads": opts.threads,
+        "n_ctx": opts.n_ctx,
+        "drafter": opts.drafter,
+        "warmup_requests": opts.warmup,
+        "prompts": {k: len(v) for k, v in opts.prompts.items()},
+    }
+    header |= {"settings": settings, "command": opts.command}
+    return {
+        "header": header,
+        "single": [r.__dict__ for r in single],
+        "concurrent": concurrent,
+        "summary": summarize(single, concurrent),
+    }
+
+
+def summarize(single: list[Request], concurrent: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per prompt set: median TTFT and tok/s per server, the paired tok/s ratio, identity;
+    concurrent: the two runs per server pooled."""
+    out: dict[str, Any] = {"single": {}, "concurrent": {}}
+    sets = sorted({r.prompt_set for r in single})
+    for s in sets:
+        rows = [r for r in single if r.prompt_set == s and not r.error]
+        by = {n: [r for r in rows if r.server == n] for n in SERVERS}
+        pairs = [(a, b) for a in by["speclive"] for b in by["llama_cpp.server"] if a.prompt == b.prompt]
+        ratios = [a.tok_s / b.tok_s for a, b in pairs if b.tok_s > 0]
+        out["single"][s] = {
+            **{
+                n: {
+                    "ttft_s": statistics.median([r.ttft_s for r in v]) if v else None,
+                    "tok_s": statistics.median([r.tok_s for r in v]) if v else None,
+                    "tokens": sum(r.tokens for r in v),
+                }
+                for n, v in by.items()
+            },
+            "tok_s_ratio_median": statistics.median(ratios) if ratios else None,
+            "identical": sum(a.text == b.text for a, b in pairs),
+            "pairs": len(pairs),
+            "errors": sum(1 for r in single if r.prompt_set == s and r.error),
+        }
+    for n in SERVERS:
+        rows = [c for c in concurrent if c["server"] == n]
+        if rows:
+            out["concurrent"][n] = {
+                "aggregate_tok_s": statistics.mean(c["aggregate_tok_s"] for c in rows),
+                "latency_p50_s": statistics.mean(c["latency_p50_s"] for c in rows),
+                "latency_p99_s": statistics.mean(c["latency_p99_s"] for c in rows),
+                "errors": sum(c["errors"] for c in rows),
+            }
+    c = out["concurrent"]
+    if len(c) == 2 and c["llama_cpp.server"]["aggregate_tok_s"]:
+        c["aggregate_ratio"] = c["speclive"]["aggregate_tok_s"] / c["llama_cpp.server"]["aggregate_tok_s"]
+    return out
+
+
+def serve_markdown(result: dict[str, Any]) -> str:
+    h = result["header"]
+    lines = report.markdown_preamble("speclive serve vs llama-cpp-python's server", h)
+    lines += [
+        "Both servers: the same GGUF, threads and context, greedy, streamed (SSE) to the same client; "
+        "completion tokens counted with the GGUF's tokenizer for both. *1 client*: every prompt to "
+        "both servers, order alternating. *Concurrent*: the clients share all prompts, whole (not streamed) "
+        "responses; each server measured twice (A B B A), the two runs averaged.",
+        "",
+        "| prompt set | server | median TTFT s | median tok/s | tok/s ratio (paired median) "
+        "| identical texts |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s, row in result["summary"]["single"].items():
+        for n in SERVERS:
+            v = row[n]
+            ratio = row["tok_s_ratio_median"] if n == "speclive" else None
+            lines.append(
+                f"| {s} | {n} | {report._fmt(v['ttft_s'], 3)} | {report._fmt(v['tok_s'], 1)} | "
+                f"{'' if ratio is None else f'{ratio:.2f}×'} | "
+                f"{row['identical']}/{row['pairs'] if n == 'speclive' else ''} |"
+            )
+    c = result["summary"]["concurrent"]
+    lines += [
+        "",
+        f"| {h['settings']['clients']} clients | aggregate tok/s | latency p50 s | latency p99 s "
+        "| p99 / p50 | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    for n in SERVERS:
+        if n in c:
+            v = c[n]
+            lines.append(
+                f"| {n} | {v['aggregate_tok_s']:.1f} | {v['latency_p50_s']:.2f} | {v['latency_p99_s']:.2f} | "
+                f"{v['latency_p99_s'] / v['latency_p50_s']:.2f} | {v['errors']} |"
+            )
+    if "aggregate_ratio" in c:
+        lines += ["", f"Aggregate throughput, speclive / llama_cpp.server: **{c['aggregate_ratio']:.2f}×**"]
+    return "\n".join(lines)
+
+
+def plot_serve(path: Path, result: dict[str, Any]) -> Path:
+    """Bars: median tok/s per prompt set (1 client) and aggregate tok/s (N clients), per server."""
+    plt = report._pyplot()
+    s = result["summary"]
+    groups = [*s["single"], f"{result['header']['settings']['clients']} clients"]
+    vals = {
+        n: [s["single"][g][n]["tok_s"] or 0 for g in s["single"]]
+        + [s["concurrent"].get(n, {}).get("aggregate_tok_s", 0)]
+        for n in SERVERS
+    }
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    w = 0.38
+    for k, n in enumerate(SERVERS):
+        xs = [i + (k - 0.5) * w for i in range(len(groups))]
+        ax.bar(xs, vals[n], w, label=n)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel("tokens / s")
+    ax.set_title(f"speclive serve vs llama_cpp.server ({result['header']['target']})", fontsize=10)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def add_serve_bench_parser(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="speclive serve vs llama-cpp-python's OpenAI server: TTFT, tok/s, N clients"
+    )
+    p.add_argument(
+        "--model", default=None, help="registry name or .gguf (default: the server's default model)"
+    )
+    p.add_argument("--sets", default="mtbench,code-edit", help="prompt sets: mtbench, code-edit")
+    p.add_argument("--limit", type=int, default=8, help="prompts per set")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--drafter", default="ngram")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--tag", default=None, help="results name: serve-<tag>.*")
+    p.add_argument("--no-plot", action="store_true")
+    p.set_defaults(func=cmd_serve_bench)
+
+
+def _prompt_sets(names: list[str], limit: int) -> dict[str, list[str]]:
+    from speclive.bench import datasets
+    from speclive.errors import ConfigError
+
+    out: dict[str, list[str]] = {}
+    for name in names:
+        if name == "mtbench":
+            qs = datasets.mtbench_questions(1)
+            step = max(1, len(qs) // limit)
+            out[name] = [q["prompt"] for q in qs[::step][:limit]]
+        elif name == "code-edit":
+            out[name] = [r["prompt"] for r in datasets.code_edit_prompts(limit)]
+        else:
+            raise ConfigError(f"unknown prompt set {name!r}; known: mtbench, code-edit")
+    return out
+
+
+def cmd_serve_bench(args) -> int:
+    from speclive.loader import DEFAULT_MODEL
+
+    model = args.model or DEFAULT_MODEL
+    sets = [s for s in args.sets.split(",") if s]
+    tag = f"serve-{args.tag or model}"
+    parts = [
+        "speclive",
+        "bench",
+        "serve",
+        "--model",
+        model,
+        "--sets",
+        ",".join(sets),
+        "--limit",
+        str(args.limit),
+    ]
+    parts += [
+        "--max-tokens",
+        str(args.max_tokens),
+        "--clients",
+        str(args.clients),
+        "--threads",
+        str(args.threads),
+    ]
+    parts += ["--drafter", args.drafter, "--tag", tag.removeprefix("serve-")]
+    opts = ServeBenchOptions(
+        model=model,
+        prompts=_prompt_sets(sets, args.limit),
+        max_tokens=args.max_tokens,
+        clients=args.clients,
+        threads=args.threads,
+        drafter=args.drafter,
+        command=report.command_line(parts),
+        out=args.out,
+        tag=tag,
+    )
+    result = run_serve_bench(opts, lambda m: print(m, file=sys.stderr))
+    for p in report.write_result_files(
+        result, args.out, tag, serve_markdown, None if args.no_plot else plot_serve
+    ):
+        print(f"wrote {p}", file=sys.stderr)
+    print(serve_markdown(result))
+    return 0

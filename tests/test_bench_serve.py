@@ -1,0 +1,72 @@
+"""``speclive bench serve``'s bookkeeping: pairing, ratios, identity and the tables (no servers)."""
+
+from __future__ import annotations
+
+from speclive.bench.serve import Request, serve_markdown, summarize
+
+
+def _req(server, s, prompt, tokens, total, ttft=0.1, text=None, error=""):
+    return Request(
+        server, s, prompt, text=text or prompt.upper(), tokens=tokens, ttft_s=ttft, total_s=total, error=error
+    )
+
+
+def test_summary_pairs_prompts_and_reports_ratios():
+    single = [
+        _req("speclive", "code-edit", "a", 100, 2.0),  # 50 tok/s
+        _req("llama_cpp.server", "code-edit", "a", 100, 4.0),  # 25 tok/s
+        _req("speclive", "code-edit", "b", 100, 4.0, text="x"),  # 25
+        _req("llama_cpp.server", "code-edit", "b", 100, 2.0, text="y"),  # 50
+        _req("speclive", "code-edit", "c", 90, 1.0),  # 90
+        _req("llama_cpp.server", "code-edit", "c", 90, 3.0),  # 30
+        _req("speclive", "mtbench", "q", 0, 0.0, error="HTTP 503: busy"),
+        _req("llama_cpp.server", "mtbench", "q", 50, 1.0),
+    ]
+    conc = [
+        {
+            "server": "speclive",
+            "aggregate_tok_s": 60.0,
+            "latency_p50_s": 1.0,
+            "latency_p99_s": 2.0,
+            "errors": 0,
+        },
+        {
+            "server": "llama_cpp.server",
+            "aggregate_tok_s": 30.0,
+            "latency_p50_s": 2.0,
+            "latency_p99_s": 3.0,
+            "errors": 1,
+        },
+        {
+            "server": "llama_cpp.server",
+            "aggregate_tok_s": 50.0,
+            "latency_p50_s": 2.0,
+            "latency_p99_s": 5.0,
+            "errors": 0,
+        },
+        {
+            "server": "speclive",
+            "aggregate_tok_s": 40.0,
+            "latency_p50_s": 1.0,
+            "latency_p99_s": 2.0,
+            "errors": 0,
+        },
+    ]
+    s = summarize(single, conc)
+    ce = s["single"]["code-edit"]
+    assert ce["tok_s_ratio_median"] == 2.0  # ratios 2, 0.5, 3 -> median 2 (paired per prompt)
+    assert ce["speclive"]["tok_s"] == 50.0 and ce["llama_cpp.server"]["tok_s"] == 30.0
+    assert (ce["identical"], ce["pairs"], ce["errors"]) == (2, 3, 0)
+    mt = s["single"]["mtbench"]
+    assert mt["pairs"] == 0 and mt["errors"] == 1 and mt["tok_s_ratio_median"] is None
+    c = s["concurrent"]
+    assert c["speclive"]["aggregate_tok_s"] == 50.0 and c["llama_cpp.server"]["aggregate_tok_s"] == 40.0
+    assert c["aggregate_ratio"] == 1.25 and c["llama_cpp.server"]["errors"] == 1
+    md = serve_markdown(
+        {
+            "header": {"settings": {"clients": 8}, "command": "speclive bench serve", "target": "m"},
+            "summary": s,
+        }
+    )
+    assert "| code-edit | speclive | 0.100 | 50.0 | 2.00× | 2/3 |" in md
+    assert "**1.25×**" in md
