@@ -37,6 +37,7 @@ def create_app(
     *,
     backend: Any = None,
     transcriber: Any = None,
+    live_transcriber: Any = None,
     tts: Any = None,
     chat: Any = None,
     stt: Any = None,
@@ -56,6 +57,7 @@ def create_app(
 
         speech = TextToSpeech(tts)
     services = Services(config, chat=chat, transcription=stt, speech=speech)
+    services.live_transcriber = live_transcriber
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -85,18 +87,21 @@ def create_app(
 
     app.include_router(openai_router)
 
-    # ---- reserved: realtime voice and the web page ------------------------------------------
-    # `WS /v1/realtime` (a router with the websocket endpoint) and the static page at `/` are
-    # added here later, e.g.:
-    #     from speclive.server.realtime import router as realtime_router
-    #     app.include_router(realtime_router)
-    #     app.mount("/", StaticFiles(directory=..., html=True), name="web")  # keep last
-    # AuthMiddleware already covers websocket scopes (closes with 1008 without a valid key).
-    # -------------------------------------------------------------------------------------------
+    from speclive.server.realtime import router as realtime_router
+
+    app.include_router(realtime_router)
 
     @app.get("/", include_in_schema=False)
-    async def root() -> JSONResponse:  # replaced by the web page later
-        return JSONResponse({"name": "speclive", "api": "/v1", "health": "/health", "metrics": "/metrics"})
+    async def root() -> JSONResponse:
+        return JSONResponse(
+            {
+                "name": "speclive",
+                "api": "/v1",
+                "realtime": "/v1/realtime",
+                "health": "/health",
+                "metrics": "/metrics",
+            }
+        )
 
     # added last = outermost: observe (metrics, error boundary) -> auth -> body limit -> routes
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)

@@ -82,6 +82,9 @@ class ObserveMiddleware:
             self.metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - t0)
 
 
+WS_KEY_PREFIX = "openai-insecure-api-key."
+
+
 class AuthMiddleware:
     def __init__(self, app: ASGIApp, api_key: str):
         self.app = app
@@ -94,11 +97,22 @@ class AuthMiddleware:
         auth = _header(scope, b"authorization") or ""
         scheme, _, token = auth.partition(" ")
         ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._key)
+        if not ok and scope["type"] == "websocket":
+            # browsers cannot set headers on a WebSocket: OpenAI's clients send the key as the
+            # subprotocol "openai-insecure-api-key.<KEY>"
+            for proto in scope.get("subprotocols") or []:
+                if proto.startswith(WS_KEY_PREFIX) and hmac.compare_digest(
+                    proto[len(WS_KEY_PREFIX) :].encode(), self._key
+                ):
+                    ok = True
         if ok:
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008, "reason": "invalid API key"})
+            # accept, then close with 1008 and a reason (a refused handshake is only "HTTP 403")
+            if (await receive())["type"] == "websocket.connect":
+                await send({"type": "websocket.accept"})
+                await send({"type": "websocket.close", "code": 1008, "reason": "invalid API key"})
             return
         message = (
             "Incorrect API key provided."

@@ -40,6 +40,9 @@ class Services:
         self._engines: dict[str, Any] = {"chat": chat, "transcription": transcription, "speech": speech}
         self._workers: dict[str, ModelWorker] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        #: the Whisper of realtime sessions (their own: the transcription endpoint's runs on
+        #: another worker); loaded with the first realtime session
+        self.live_transcriber: Any = None
         if chat is not None:
             self.names.llm_name = chat.name
 

@@ -1,0 +1,638 @@
+"""``WS /v1/realtime``: the OpenAI Realtime event protocol over speclive's live pipelines.
+
+A thin shell: a session owns one live pipeline (``speclive.live``: voice chat, live translation
+or transcription) and maps protocol events to pipeline calls and pipeline events back to
+protocol events. Nothing here decides what to transcribe, speculate or say.
+
+Client -> server: ``session.update`` (the GA shape ``audio.input.format.rate``,
+``audio.input.turn_detection``, ``audio.output.voice``, ``output_modalities``, or the beta
+shape ``modalities``, ``voice``, ``input_audio_format`` /
+``output_audio_format`` ``pcm16``, ``turn_detection`` ``{"type": "server_vad"}`` or null, and
+speclive's own ``speclive`` object: ``mode`` chat | translate | transcribe, ``method`` (chat:
+predgen | cascade | prefill | preemptive; translate: ssbd | ar | cascade), ``verifier``,
+``target_lang``, ``sample_rate`` 16000 | 24000), ``input_audio_buffer.append`` (base64 PCM16 mono
+little-endian at the session's rate; 24 kHz unless told 16 kHz, as OpenAI's), ``.commit`` (ends
+the turn when server VAD is off), ``.clear``, ``response.create`` (answers come by themselves
+with server VAD: accepted and ignored), ``response.cancel``.
+
+Server -> client: ``session.created`` / ``session.updated``, ``input_audio_buffer.speech_started``
+/ ``speech_stopped`` / ``committed`` / ``cleared``, ``conversation.item.created``,
+``conversation.item.input_audio_transcription.delta`` / ``.completed``, ``response.created``,
+``response.output_item.added``, ``response.content_part.added``,
+``response.output_audio_transcript.delta``, ``response.output_audio.delta`` (base64 PCM16 at the
+session's rate; the beta protocol's ``response.audio.*`` names when the client asks for the
+beta), their ``.done`` events,
+``response.done`` and ``error``. speclive's own: ``speclive.speculation`` (the answer speculated
+while the user speaks), ``speclive.transcript`` (stable / tentative words), ``speclive.translation``
+(stable / tentative text), ``speclive.notice`` and ``speclive.turn_metrics`` (per-turn latency).
+
+Compute: every push and step of the pipeline is one turn of the chat model's worker, so
+realtime sessions and chat completions share the LLM fairly and one at a time (a llama.cpp
+context is not thread-safe). Bad input (malformed JSON, a binary frame, an unknown event, audio
+that is not base64 PCM16) gets an ``error`` event and the session goes on; too many sessions
+close with 1013, a missing or wrong API key with 1008 (``middleware.AuthMiddleware``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from speclive.errors import ConfigError
+from speclive.live import events as ev
+from speclive.live.build import KINDS, LiveModels, LiveModelsConfig, make_pipeline
+from speclive.live.clock import WallClock
+from speclive.server.audio import pcm16, resample
+from speclive.server.errors import APIError
+
+log = logging.getLogger("speclive.server")
+router = APIRouter()
+
+RATES = (16_000, 24_000)
+#: one step of the pipeline computes at most this long before new audio is taken in
+STEP_S = 0.1
+#: largest audio payload of one append event (OpenAI's limit is 15 MiB of base64)
+MAX_APPEND_BYTES = 15 * 1024 * 1024
+#: audio per response.output_audio.delta event
+DELTA_S = 0.2
+#: the beta protocol's names of the events the GA protocol renamed (a client asks for the beta
+#: with the ``OpenAI-Beta: realtime=v1`` header or the ``openai-beta.realtime-v1`` subprotocol)
+BETA_NAMES = {
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+}
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+@dataclass
+class SessionSettings:
+    mode: str = "chat"
+    method: str | None = None
+    verifier: str = "greedy"
+    target_lang: str = "de"
+    input_rate: int = 24_000
+    output_rate: int = 24_000
+    voice: str = "alloy"
+    server_vad: bool = True
+    speak: bool = True
+    instructions: str = ""
+
+    def describe(self, session_id: str, model: str) -> dict[str, Any]:
+        """The session object of ``session.created`` / ``session.updated`` (OpenAI's shape)."""
+        return {
+            "id": session_id,
+            "object": "realtime.session",
+            "model": model,
+            "modalities": ["text", "audio"] if self.speak else ["text"],
+            "instructions": self.instructions,
+            "voice": self.voice,
+            "input_audio_format": "pcm16",
+            "output_audio_format": "pcm16",
+            "input_audio_transcription": {"model": "whisper-1"},
+            "turn_detection": {"type": "server_vad"} if self.server_vad else None,
+            "speclive": {
+                "mode": self.mode,
+                "method": self.method,
+                "verifier": self.verifier,
+                "target_lang": self.target_lang,
+                "sample_rate": self.input_rate,
+            },
+        }
+
+
+class ProtocolError(Exception):
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+def _apply_update(s: SessionSettings, session: Any) -> SessionSettings:
+    """A new ``SessionSettings`` from a ``session.update`` payload (unknown fields ignored)."""
+    if not isinstance(session, dict):
+        raise ProtocolError("invalid_value", "session must be an object", "session")
+    new = SessionSettings(**s.__dict__)
+    for key in ("input_audio_format", "output_audio_format"):
+        fmt = session.get(key)
+        if fmt is not None and fmt != "pcm16":
+            raise ProtocolError("invalid_value", f"{key} {fmt!r} is not supported; use 'pcm16'", key)
+    if "voice" in session:
+        if not isinstance(session["voice"], str):
+            raise ProtocolError("invalid_type", "voice must be a string", "voice")
+        new.voice = session["voice"]
+    if "modalities" in session:
+        mods = session["modalities"]
+        if not isinstance(mods, list) or not set(mods) <= {"text", "audio"}:
+            raise ProtocolError(
+                "invalid_value", "modalities must be a list of 'text' and 'audio'", "modalities"
+            )
+        new.speak = "audio" in mods
+    if "instructions" in session and isinstance(session["instructions"], str):
+        new.instructions = session["instructions"]
+    if "turn_detection" in session:
+        td = session["turn_detection"]
+        if td is not None and not (isinstance(td, dict) and td.get("type") in ("server_vad", "semantic_vad")):
+            raise ProtocolError("invalid_value", "turn_detection must be {'type': 'server_vad'} or null")
+        new.server_vad = td is not None
+    # the GA shape: session.audio.{input,output}, output_modalities
+    audio = session.get("audio")
+    if isinstance(audio, dict):
+        inp, outp = audio.get("input") or {}, audio.get("output") or {}
+        if isinstance(inp, dict):
+            fmt = inp.get("format")
+            if isinstance(fmt, dict):
+                if fmt.get("type") not in (None, "audio/pcm"):
+                    raise ProtocolError(
+                        "invalid_value", "only audio/pcm input is supported", "session.audio.input"
+                    )
+                if "rate" in fmt:
+                    if fmt["rate"] not in RATES:
+                        raise ProtocolError(
+                            "invalid_value", "rate must be 16000 or 24000", "session.audio.input"
+                        )
+                    new.input_rate = new.output_rate = int(fmt["rate"])
+            if "turn_detection" in inp:
+                new.server_vad = inp["turn_detection"] is not None
+        if isinstance(outp, dict) and isinstance(outp.get("voice"), str):
+            new.voice = outp["voice"]
+    if isinstance(session.get("output_modalities"), list):
+        new.speak = "audio" in session["output_modalities"]
+    own = session.get("speclive") or {}
+    if not isinstance(own, dict):
+        raise ProtocolError("invalid_type", "speclive must be an object", "session.speclive")
+    if "mode" in own:
+        if own["mode"] not in KINDS:
+            raise ProtocolError(
+                "invalid_value", f"mode must be one of {', '.join(KINDS)}", "session.speclive.mode"
+            )
+        if own["mode"] != new.mode:
+            new.method = None
+        new.mode = own["mode"]
+    if "method" in own:
+        new.method = own["method"]
+    if "verifier" in own:
+        new.verifier = str(own["verifier"])
+    if "target_lang" in own:
+        new.target_lang = str(own["target_lang"])
+    if "sample_rate" in own:
+        if own["sample_rate"] not in RATES:
+            raise ProtocolError(
+                "invalid_value", "sample_rate must be 16000 or 24000", "session.speclive.sample_rate"
+            )
+        new.input_rate = new.output_rate = int(own["sample_rate"])
+    return new
+
+
+def _pipeline_for(s: SessionSettings, models: LiveModels):
+    from speclive.sessions.predictive import PredGenConfig
+    from speclive.sessions.retranslate import RetranslateConfig
+
+    try:
+        if s.mode == "chat":
+            return make_pipeline(
+                "chat",
+                models,
+                mode=s.method,
+                clock=WallClock(),
+                predgen=PredGenConfig(verifier=s.verifier, max_tokens=96),
+                speak=s.speak,
+            )
+        if s.mode == "translate":
+            return make_pipeline(
+                "translate",
+                models,
+                mode=s.method,
+                clock=WallClock(),
+                retranslate=RetranslateConfig(target_lang=s.target_lang),
+                speak=False,
+            )
+        return make_pipeline("transcribe", models, clock=WallClock())
+    except (ConfigError, TypeError, ValueError) as e:
+        raise ProtocolError(
+            "invalid_value", f"cannot start a {s.mode} session: {e}", "session.speclive"
+        ) from e
+
+
+def decode_audio(b64: Any, rate: int) -> np.ndarray:
+    """base64 PCM16 LE mono at ``rate`` -> float32 at 16 kHz."""
+    if not isinstance(b64, str):
+        raise ProtocolError("invalid_type", "audio must be a base64 string", "audio")
+    if len(b64) > MAX_APPEND_BYTES:
+        raise ProtocolError("invalid_value", f"audio payload over {MAX_APPEND_BYTES} bytes", "audio")
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ProtocolError("invalid_audio", f"audio is not valid base64: {e}", "audio") from e
+    if len(raw) % 2:
+        raise ProtocolError("invalid_audio", "PCM16 audio must have an even number of bytes", "audio")
+    x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+    return resample(x, rate, 16_000) if rate != 16_000 else x
+
+
+@dataclass
+class _Response:
+    id: str
+    item_id: str
+    text: list[str] = field(default_factory=list)
+    audio_s: float = 0.0
+    cancelled: bool = False
+    started: bool = False
+
+
+class RealtimeSession:
+    """One WebSocket connection: settings, a pipeline, and the event mapping."""
+
+    def __init__(self, ws: WebSocket, services: Any, models: LiveModels, model_name: str, beta: bool = False):
+        self.ws = ws
+        #: the client speaks the beta protocol (its event names for response audio)
+        self.beta = beta
+        self.svc = services
+        self.models = models
+        self.model_name = model_name
+        self.id = _id("sess")
+        self.settings = SessionSettings()
+        self.pipeline = None
+        self.audio: list[np.ndarray] = []
+        self.wake = asyncio.Event()
+        self.closed = False
+        self.user_item: str | None = None
+        self.prev_item: str | None = None
+        self.response: _Response | None = None
+        self.sent_transcript = ""
+        self.lock = asyncio.Lock()  # one send at a time
+
+    # ---- sending ----------------------------------------------------------------------
+    async def send(self, type_: str, **payload: Any) -> None:
+        if self.closed:
+            return
+        if self.beta:
+            type_ = BETA_NAMES.get(type_, type_)
+        msg = {"type": type_, "event_id": _id("event"), **payload}
+        async with self.lock:
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+                await self.ws.send_text(json.dumps(msg))
+
+    async def error(
+        self, code: str, message: str, param: str | None = None, event_id: str | None = None
+    ) -> None:
+        await self.send(
+            "error",
+            error={
+                "type": "invalid_request_error",
+                "code": code,
+                "message": message,
+                "param": param,
+                "event_id": event_id,
+            },
+        )
+
+    # ---- the pipeline -----------------------------------------------------------------
+    async def start_pipeline(self) -> None:
+        self.pipeline = await self.svc.worker("chat").call(_pipeline_for, self.settings, self.models)
+
+    async def compute_loop(self) -> None:
+        """Push the audio that arrived, let the pipeline compute in short slices, send what it
+        emits; sleep while there is nothing to do."""
+        worker = self.svc.worker("chat")
+        while not self.closed:
+            pipe = self.pipeline
+            chunks, self.audio = self.audio, []
+            events: list[ev.Event] = []
+            if chunks and pipe is not None:
+                events += await worker.call(pipe.push, np.concatenate(chunks))
+            out = None
+            if pipe is not None:
+                out = await worker.call(lambda p=pipe: p.step(p.clock() + STEP_S))
+                events += out or []
+            for e in events:
+                await self.on_event(e)
+            if not events and not self.audio and out is None:
+                self.wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout=0.5)
+
+    # ---- pipeline events -> protocol events ---------------------------------------------
+    async def on_event(self, e: ev.Event) -> None:
+        if isinstance(e, ev.SpeechStarted):
+            self.user_item = _id("item")
+            self.sent_transcript = ""
+            await self.send(
+                "input_audio_buffer.speech_started",
+                audio_start_ms=int(e.audio_t * 1000),
+                item_id=self.user_item,
+            )
+        elif isinstance(e, ev.SpeechStopped):
+            await self.send(
+                "input_audio_buffer.speech_stopped",
+                audio_end_ms=int(e.audio_t * 1000),
+                item_id=self.user_item,
+            )
+            if e.end_of_turn:
+                await self.send(
+                    "input_audio_buffer.committed", item_id=self.user_item, previous_item_id=self.prev_item
+                )
+                await self.send(
+                    "conversation.item.created",
+                    previous_item_id=self.prev_item,
+                    item={
+                        "id": self.user_item,
+                        "object": "realtime.item",
+                        "type": "message",
+                        "role": "user",
+                        "status": "completed",
+                        "content": [{"type": "input_audio", "transcript": None}],
+                    },
+                )
+                self.prev_item = self.user_item
+        elif isinstance(e, ev.TranscriptPartial):
+            text = e.text
+            delta = text[len(self.sent_transcript) :] if text.startswith(self.sent_transcript) else ""
+            if delta:
+                await self.send(
+                    "conversation.item.input_audio_transcription.delta",
+                    item_id=self.user_item,
+                    content_index=0,
+                    delta=delta,
+                )
+                self.sent_transcript = text
+            await self.send(
+                "speclive.transcript", item_id=self.user_item, stable=e.stable, tentative=e.tentative
+            )
+        elif isinstance(e, ev.TranscriptFinal):
+            await self.send(
+                "conversation.item.input_audio_transcription.completed",
+                item_id=self.user_item,
+                content_index=0,
+                transcript=e.text,
+            )
+        elif isinstance(e, ev.Speculation):
+            await self.send(
+                "speclive.speculation",
+                item_id=self.user_item,
+                partial=e.partial,
+                candidate=e.candidate,
+                first_sentence=e.first_sentence,
+                drafted=e.drafted,
+                accepted=e.accepted,
+                presynthesized=e.presynthesized,
+            )
+        elif isinstance(e, ev.AnswerDelta):
+            r = await self.begin_response()
+            r.text.append(e.text)
+            if not r.cancelled:
+                await self.send(
+                    "response.output_audio_transcript.delta",
+                    response_id=r.id,
+                    item_id=r.item_id,
+                    output_index=0,
+                    content_index=0,
+                    delta=e.text,
+                )
+        elif isinstance(e, ev.AudioChunk):
+            r = await self.begin_response()
+            if not r.cancelled and self.settings.speak:
+                await self.send_audio(r, e)
+        elif isinstance(e, ev.TranslationUpdate):
+            await self.send(
+                "speclive.translation",
+                item_id=self.user_item,
+                stable=e.stable,
+                tentative=e.tentative,
+                source=e.source,
+                final=e.final,
+            )
+        elif isinstance(e, ev.Interrupted):
+            await self.send("speclive.interrupted", played=e.played)
+            if self.response is not None:
+                self.response.cancelled = True
+                await self.end_response("cancelled")
+        elif isinstance(e, ev.Notice):
+            await self.send("speclive.notice", code=e.code, message=e.message)
+        elif isinstance(e, ev.TurnMetrics):
+            metrics = {k: v for k, v in e.to_json().items() if k not in ("type", "extra")}
+            await self.send("speclive.turn_metrics", item_id=self.user_item, **metrics)
+            if self.response is not None:
+                await self.end_response("cancelled" if self.response.cancelled else "completed")
+
+    async def begin_response(self) -> _Response:
+        if self.response is None:
+            self.response = _Response(_id("resp"), _id("item"))
+        r = self.response
+        if not r.started:
+            r.started = True
+            await self.send(
+                "response.created",
+                response={"id": r.id, "object": "realtime.response", "status": "in_progress", "output": []},
+            )
+            item = {
+                "id": r.item_id,
+                "object": "realtime.item",
+                "type": "message",
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [],
+            }
+            await self.send("response.output_item.added", response_id=r.id, output_index=0, item=item)
+            await self.send(
+                "response.content_part.added",
+                response_id=r.id,
+                item_id=r.item_id,
+                output_index=0,
+                content_index=0,
+                part={"type": "audio", "transcript": ""},
+            )
+        return r
+
+    async def send_audio(self, r: _Response, chunk: ev.AudioChunk) -> None:
+        rate = self.settings.output_rate
+        samples = (
+            resample(chunk.samples, chunk.sample_rate, rate) if chunk.sample_rate != rate else chunk.samples
+        )
+        step = int(DELTA_S * rate)
+        for i in range(0, len(samples), step):
+            data = base64.b64encode(pcm16(samples[i : i + step])).decode("ascii")
+            await self.send(
+                "response.output_audio.delta",
+                response_id=r.id,
+                item_id=r.item_id,
+                output_index=0,
+                content_index=0,
+                delta=data,
+            )
+        r.audio_s += len(samples) / rate
+
+    async def end_response(self, status: str) -> None:
+        r, self.response = self.response, None
+        if r is None or not r.started:
+            return
+        text = "".join(r.text)
+        base = {"response_id": r.id, "item_id": r.item_id, "output_index": 0, "content_index": 0}
+        await self.send("response.output_audio.done", **base)
+        await self.send("response.output_audio_transcript.done", **base, transcript=text)
+        await self.send("response.content_part.done", **base, part={"type": "audio", "transcript": text})
+        item = {
+            "id": r.item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed" if status == "completed" else "incomplete",
+            "content": [{"type": "audio", "transcript": text}],
+        }
+        await self.send("response.output_item.done", response_id=r.id, output_index=0, item=item)
+        await self.send(
+            "response.done",
+            response={
+                "id": r.id,
+                "object": "realtime.response",
+                "status": status,
+                "output": [item],
+                "usage": None,
+            },
+        )
+        self.prev_item = r.item_id
+
+    # ---- client events ------------------------------------------------------------------
+    async def handle(self, raw: str) -> None:
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            await self.error("invalid_json", "the event is not valid JSON")
+            return
+        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+            await self.error("invalid_event", "an event must be a JSON object with a string 'type'")
+            return
+        kind, event_id = msg["type"], msg.get("event_id")
+        try:
+            await self.dispatch(kind, msg)
+        except ProtocolError as e:
+            await self.error(e.code, e.message, e.param, event_id)
+
+    async def dispatch(self, kind: str, msg: dict) -> None:
+        if kind == "session.update":
+            new = _apply_update(self.settings, msg.get("session"))
+            rebuild = (new.mode, new.method, new.verifier, new.target_lang, new.speak) != (
+                self.settings.mode,
+                self.settings.method,
+                self.settings.verifier,
+                self.settings.target_lang,
+                self.settings.speak,
+            )
+            if rebuild and self.pipeline is not None and self.pipeline.turn is not None:
+                raise ProtocolError("session_busy", "the pipeline can change between turns only", "session")
+            self.settings = new
+            if rebuild:
+                await self.start_pipeline()
+            await self.send("session.updated", session=self.settings.describe(self.id, self.model_name))
+        elif kind == "input_audio_buffer.append":
+            self.audio.append(decode_audio(msg.get("audio"), self.settings.input_rate))
+            self.wake.set()
+        elif kind == "input_audio_buffer.commit":
+            if not self.settings.server_vad:
+                # the client says the turn is over: the VAD hears the silence that ends a turn
+                end_s = self.pipeline.cfg.turn.end_s if self.pipeline is not None else 0.5
+                self.audio.append(np.zeros(int((end_s + 0.2) * 16_000), np.float32))
+                self.wake.set()
+        elif kind == "input_audio_buffer.clear":
+            self.audio = []
+            await self.send("input_audio_buffer.cleared")
+        elif kind == "response.create":
+            pass  # answers follow each turn by themselves
+        elif kind == "response.cancel":
+            if self.response is not None:
+                self.response.cancelled = True
+                await self.end_response("cancelled")
+        elif kind == "conversation.item.create":
+            raise ProtocolError("unsupported_event", "text conversation items are not supported: send audio")
+        else:
+            raise ProtocolError("unknown_event", f"unknown event type {kind!r}", "type")
+
+
+async def _live_models(svc: Any) -> tuple[LiveModels, str]:
+    """The models realtime sessions share: the chat LLM, a Whisper of their own (loaded once)
+    and the speech endpoint's voice."""
+    chat = await svc.engine("chat")
+    tts = None
+    with contextlib.suppress(APIError):
+        tts = getattr(await svc.engine("speech"), "tts", None)
+    if svc.live_transcriber is None:
+        from speclive.asr.transcribe import TranscribeConfig, Transcriber
+
+        cfg = svc.config
+        tc = TranscribeConfig(
+            model=cfg.asr_model,
+            draft=cfg.asr_draft,
+            method=cfg.asr_method,
+            threads=cfg.threads,
+            target_audio_margin_s=1.0,
+        )
+        svc.live_transcriber = await svc.worker("chat").call(Transcriber, tc)
+    mcfg = LiveModelsConfig(model=chat.name, asr_model=svc.config.asr_model, asr_draft=svc.config.asr_draft)
+    return LiveModels(mcfg, svc.live_transcriber, chat.backend, tts), chat.name
+
+
+@router.websocket("/v1/realtime")
+async def realtime(ws: WebSocket) -> None:
+    svc = ws.app.state.speclive
+    offered = ws.scope.get("subprotocols") or []
+    sub = "realtime" if "realtime" in offered else None
+    beta = "openai-beta.realtime-v1" in offered or "realtime=v1" in (ws.headers.get("openai-beta") or "")
+    await ws.accept(subprotocol=sub)
+    try:
+        slot = svc.sessions.acquire("realtime")
+    except APIError as e:
+        await ws.close(code=1013, reason=e.message[:120])
+        return
+    session: RealtimeSession | None = None
+    task: asyncio.Task | None = None
+    try:
+        try:
+            models, name = await _live_models(svc)
+        except APIError as e:
+            await ws.close(code=1011, reason=e.message[:120])
+            return
+        session = RealtimeSession(ws, svc, models, name, beta=beta)
+        await session.start_pipeline()
+        await session.send("session.created", session=session.settings.describe(session.id, name))
+        task = asyncio.create_task(session.compute_loop())
+        while True:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                break
+            if msg.get("text") is not None:
+                await session.handle(msg["text"])
+            else:
+                await session.error("binary_frame", "binary frames are not accepted: send JSON text events")
+            if task.done():
+                break
+    except WebSocketDisconnect:
+        pass
+    finally:
+        if session is not None:
+            session.closed = True
+            session.wake.set()
+        if task is not None:
+            if not task.done():
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(task, timeout=30)
+            elif task.exception() is not None:
+                log.error("realtime session failed", exc_info=task.exception())
+        if session is not None and session.pipeline is not None:
+            with contextlib.suppress(Exception):
+                await svc.worker("chat").call(session.pipeline.close)
+        slot.release()
+        with contextlib.suppress(Exception):
+            await ws.close()

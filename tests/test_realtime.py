@@ -1,0 +1,180 @@
+"""``WS /v1/realtime`` end to end: the official OpenAI SDK's realtime client talks to the server.
+
+One server for the module: SmolLM2-135M on llama.cpp, whisper-tiny.en (one-layer self-draft) for
+the realtime sessions, the Piper voice. A spoken question (Piper, resampled to 24 kHz, silence
+after it) is streamed in 100 ms chunks at real-time pace; the answer must come back as audio.
+Bad input and limits go through a raw ``websockets`` client (the SDK reconnects on its own).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("openai")
+pytest.importorskip("websockets")
+pytest.importorskip("llama_cpp")
+
+from openai import OpenAI  # noqa: E402
+from test_server import running  # noqa: E402
+from websockets.exceptions import ConnectionClosed  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
+
+from speclive.server.app import create_app  # noqa: E402
+from speclive.server.audio import pcm16, resample  # noqa: E402
+from speclive.server.config import ServerConfig  # noqa: E402
+
+KEY = "rt-key"
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def rt(llama_smol):
+    from speclive.asr.transcribe import TranscribeConfig, Transcriber
+    from speclive.tts.piper import PiperTTS
+
+    tts = PiperTTS("piper-joe-medium")
+    live_tr = Transcriber(
+        TranscribeConfig(model="whisper-tiny.en", method="specasr", draft="self:1", target_audio_margin_s=1.0)
+    )
+    config = ServerConfig(
+        model="smollm2-135m-instruct", asr_model="whisper-tiny.en", api_key=KEY, max_sessions=2
+    )
+    app = create_app(config, backend=llama_smol, tts=tts, live_transcriber=live_tr)
+    spoken = tts.synthesize(QUESTION)
+    x = resample(spoken.samples, spoken.sample_rate, 24_000)
+    pad = np.zeros(int(0.4 * 24_000), np.float32)
+    audio = np.concatenate([pad, x, np.zeros(int(1.5 * 24_000), np.float32)])
+    with running(app) as url:
+        yield url, audio, app
+
+
+def _chunks(audio: np.ndarray, rate: int = 24_000, chunk_s: float = 0.1):
+    n = int(rate * chunk_s)
+    for i in range(0, len(audio), n):
+        yield base64.b64encode(pcm16(audio[i : i + n])).decode("ascii")
+
+
+def test_sdk_voice_turn(rt):
+    url, audio, _app = rt
+    ws_base = url.replace("http://", "ws://") + "/v1"
+    client = OpenAI(base_url=f"{url}/v1", api_key=KEY, websocket_base_url=ws_base, max_retries=0)
+    types: list[str] = []
+    audio_bytes = 0
+    transcript = answer = ""
+    with client.realtime.connect(model="speclive", max_retries=0) as conn:
+        assert conn.recv().type == "session.created"
+        for b64 in _chunks(audio):
+            conn.input_audio_buffer.append(audio=b64)
+            time.sleep(0.1)  # a microphone's pace
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            e = conn.recv()
+            types.append(e.type)
+            if e.type == "conversation.item.input_audio_transcription.completed":
+                transcript = e.transcript
+            elif e.type == "response.output_audio.delta":
+                audio_bytes += len(base64.b64decode(e.delta))
+            elif e.type == "response.output_audio_transcript.done":
+                answer = e.transcript
+            elif e.type == "response.done":
+                assert e.response.status == "completed"
+                break
+            elif e.type == "error":
+                pytest.fail(f"error event: {e}")
+    for t in (
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "response.created",
+        "response.done",
+    ):
+        assert t in types, (t, types)
+    assert "capital" in transcript.lower() and "france" in transcript.lower(), transcript
+    assert answer.strip(), "no answer text"
+    assert audio_bytes > 2 * 24_000 * 0.3  # at least 0.3 s of 24 kHz PCM16
+    assert types.index("input_audio_buffer.speech_started") < types.index("response.created")
+
+
+def _raw(url: str, **kw):
+    return connect(url.replace("http://", "ws://") + "/v1/realtime", open_timeout=30, **kw)
+
+
+def _recv_type(ws, want: str, timeout: float = 30) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        msg = json.loads(ws.recv(timeout=timeout))
+        if msg["type"] == want:
+            return msg
+    raise AssertionError(f"no {want} event")
+
+
+def test_bad_events_get_errors_and_the_session_goes_on(rt):
+    url, _audio, _app = rt
+    with _raw(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        _recv_type(ws, "session.created")
+        cases = [
+            ("{not json", "invalid_json"),
+            ('"just a string"', "invalid_event"),
+            (json.dumps({"type": "no.such.event"}), "unknown_event"),
+            (json.dumps({"type": "input_audio_buffer.append", "audio": "%%%not base64"}), "invalid_audio"),
+            (
+                json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()}),
+                "invalid_audio",
+            ),
+            (json.dumps({"type": "input_audio_buffer.append", "audio": 42}), "invalid_type"),
+            (
+                json.dumps({"type": "session.update", "session": {"speclive": {"mode": "karaoke"}}}),
+                "invalid_value",
+            ),
+            (
+                json.dumps({"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}),
+                "invalid_value",
+            ),
+        ]
+        for text, code in cases:
+            ws.send(text)
+            err = _recv_type(ws, "error")["error"]
+            assert err["code"] == code and err["message"], (text, err)
+        ws.send(b"\x00\x01binary")
+        assert _recv_type(ws, "error")["error"]["code"] == "binary_frame"
+        # still serving: a valid update is applied
+        ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"speclive": {"mode": "transcribe", "sample_rate": 16000}},
+                }
+            )
+        )
+        s = _recv_type(ws, "session.updated")["session"]
+        assert s["speclive"]["mode"] == "transcribe" and s["speclive"]["sample_rate"] == 16000
+
+
+def test_auth_and_session_limit(rt):
+    url, _audio, app = rt
+    with _raw(url) as ws:  # no key
+        with pytest.raises(ConnectionClosed) as exc:
+            ws.recv(timeout=10)
+        assert exc.value.rcvd.code == 1008
+    # browsers send the key as a subprotocol
+    with _raw(url, subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"]) as ws:
+        assert ws.subprotocol == "realtime"
+        _recv_type(ws, "session.created")
+    hdr = {"Authorization": f"Bearer {KEY}"}
+    with _raw(url, additional_headers=hdr) as a, _raw(url, additional_headers=hdr) as b:
+        _recv_type(a, "session.created")
+        _recv_type(b, "session.created")
+        with _raw(url, additional_headers=hdr) as c:  # max_sessions=2
+            with pytest.raises(ConnectionClosed) as exc:
+                c.recv(timeout=10)
+            assert exc.value.rcvd.code == 1013
+    deadline = time.time() + 10  # disconnected sessions are released
+    while app.state.speclive.sessions.live and time.time() < deadline:
+        time.sleep(0.05)
+    assert app.state.speclive.sessions.live == 0
