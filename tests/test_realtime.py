@@ -178,3 +178,97 @@ def test_auth_and_session_limit(rt):
     while app.state.speclive.sessions.live and time.time() < deadline:
         time.sleep(0.05)
     assert app.state.speclive.sessions.live == 0
+
+
+# ---- the web page in a real browser ---------------------------------------------------------
+def _chromium():
+    import shutil
+
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not binary or not driver:
+        pytest.skip(
+            "no chromium + chromedriver on this machine (Debian: apt-get install chromium chromium-driver)"
+        )
+    pytest.importorskip("selenium")
+    return binary, driver
+
+
+def _browser(binary: str, driver: str, wav: str):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,860",
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}",
+        "--autoplay-policy=no-user-gesture-required",
+    ):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def _wait(drv, script: str, timeout: float) -> object:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = drv.execute_script(script)
+        if value:
+            return value
+        time.sleep(0.2)
+    status = drv.execute_script("return document.querySelector('#status').textContent")
+    raise AssertionError(f"timed out waiting for: {script}; page status: {status}")
+
+
+def _spoken_wav(tmp_path, text: str) -> str:
+    import wave
+
+    from speclive.tts.piper import PiperTTS
+
+    a = PiperTTS("piper-joe-medium").synthesize(text)
+    x = resample(a.samples, a.sample_rate, 16_000)
+    x = np.concatenate([np.zeros(8000, np.float32), x, np.zeros(40_000, np.float32)])  # the capture loops
+    path = tmp_path / "question.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16_000)
+        w.writeframes(pcm16(x))
+    return str(path)
+
+
+def test_web_page_voice_chat_in_chromium(rt, tmp_path):
+    import os
+
+    binary, driver = _chromium()
+    url, _audio, _app = rt
+    drv = _browser(binary, driver, _spoken_wav(tmp_path, QUESTION))
+    shots = os.environ.get("SPECLIVE_SCREENSHOTS")  # a folder: save the docs' screenshots there
+    try:
+        drv.get(url + "/")
+        assert drv.title == "speclive"
+        drv.execute_script(f"localStorage.setItem('speclive-key', '{KEY}')")
+        drv.find_element("css selector", "#mic").click()
+        _wait(drv, "return document.body.dataset.state === 'listening'", 30)
+        _wait(drv, "return Number(document.body.dataset.answers || 0) >= 1", 120)
+        _wait(drv, "return Number(document.body.dataset.playedMs || 0) > 300", 60)
+        heard = drv.execute_script("return document.body.dataset.lastTranscript") or ""
+        answer = drv.find_element("css selector", "#chat-answer").text
+        assert "france" in heard.lower(), heard
+        assert answer.strip(), "no answer shown"
+        assert int(drv.execute_script("return document.body.dataset.audioDeltas || 0")) > 0
+        if shots:
+            drv.save_screenshot(os.path.join(shots, "web-chat.png"))
+            for mode, ready in (("translate", "translations"), ("transcribe", "transcripts")):
+                before = int(drv.execute_script(f"return document.body.dataset.{ready} || 0"))
+                drv.find_element("css selector", f".tab[data-mode={mode}]").click()
+                _wait(drv, f"return Number(document.body.dataset.{ready} || 0) > {before}", 120)
+                time.sleep(1.0)
+                drv.save_screenshot(os.path.join(shots, f"web-{mode}.png"))
+    finally:
+        drv.quit()

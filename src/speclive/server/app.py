@@ -1,9 +1,10 @@
 """``create_app(config)``: the FastAPI application of ``speclive serve``.
 
-Routes: the OpenAI-compatible REST API (``openai_api.py``), ``GET /health`` (open, no auth)
-and ``GET /metrics`` (Prometheus text). Middleware (``middleware.py``): metrics + error
-boundary, API-key auth, body-size limit. No CORS middleware: the web page that will use the
-API is served from this same origin.
+Routes: the OpenAI-compatible REST API (``openai_api.py``), ``WS /v1/realtime``
+(``realtime.py``), ``GET /health`` (open, no auth), ``GET /metrics`` (Prometheus text) and the
+web page at ``/`` with its ES modules under ``/static/`` (open: they hold no data).
+Middleware (``middleware.py``): metrics + error boundary, API-key auth, body-size limit. No CORS
+middleware: the web page that uses the API is served from this same origin.
 
 Models load lazily on first use, or at startup with ``ServerConfig.preload`` (what ``serve``
 does, so the first request is fast). Tests pass already-loaded objects: ``backend`` (an LLM
@@ -16,10 +17,12 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, Response
+from fastapi.staticfiles import StaticFiles
 
 from speclive.server.config import ServerConfig
 from speclive.server.errors import install_error_handlers
@@ -91,17 +94,13 @@ def create_app(
 
     app.include_router(realtime_router)
 
+    static = Path(__file__).with_name("static")
+    app.mount("/static", StaticFiles(directory=static), name="static")
+
     @app.get("/", include_in_schema=False)
-    async def root() -> JSONResponse:
-        return JSONResponse(
-            {
-                "name": "speclive",
-                "api": "/v1",
-                "realtime": "/v1/realtime",
-                "health": "/health",
-                "metrics": "/metrics",
-            }
-        )
+    async def page() -> FileResponse:
+        """The web page: microphone, voice chat, live translation and transcription views."""
+        return FileResponse(static / "index.html", media_type="text/html")
 
     # added last = outermost: observe (metrics, error boundary) -> auth -> body limit -> routes
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)

@@ -25,7 +25,10 @@ from speclive.server.metrics import Metrics
 
 log = logging.getLogger("speclive.server")
 
-OPEN_PATHS = frozenset({"/health"})
+#: open without the API key: health, and the web page with its static files (they hold no data;
+#: the page asks for the key and uses it on the API)
+OPEN_PATHS = frozenset({"/health", "/"})
+OPEN_PREFIXES = ("/static/",)
 INTERNAL_ERROR = "The server had an error while processing your request."
 
 
@@ -91,7 +94,8 @@ class AuthMiddleware:
         self._key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope.get("path") in OPEN_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] not in ("http", "websocket") or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
             await self.app(scope, receive, send)
             return
         auth = _header(scope, b"authorization") or ""

@@ -274,6 +274,13 @@ class RealtimeSession:
         self.response: _Response | None = None
         self.sent_transcript = ""
         self.lock = asyncio.Lock()  # one send at a time
+        #: a session.update that needs a new pipeline, waiting for the turn in progress to end
+        self.pending: SessionSettings | None = None
+
+    def busy(self) -> bool:
+        """A turn is open (or its answer is still being worked out)."""
+        t = self.pipeline.turn if self.pipeline is not None else None
+        return t is not None and not (t.ended and t.end_done)
 
     # ---- sending ----------------------------------------------------------------------
     async def send(self, type_: str, **payload: Any) -> None:
@@ -320,6 +327,11 @@ class RealtimeSession:
                 events += out or []
             for e in events:
                 await self.on_event(e)
+            if self.pending is not None and not self.busy():
+                self.settings, self.pending = self.pending, None
+                await self.start_pipeline()
+                await self.send("session.updated", session=self.settings.describe(self.id, self.model_name))
+                continue
             if not events and not self.audio and out is None:
                 self.wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -531,9 +543,12 @@ class RealtimeSession:
                 self.settings.target_lang,
                 self.settings.speak,
             )
-            if rebuild and self.pipeline is not None and self.pipeline.turn is not None:
-                raise ProtocolError("session_busy", "the pipeline can change between turns only", "session")
+            if rebuild and self.busy():
+                # a new pipeline starts between turns: this turn finishes as it began
+                self.pending = new
+                return
             self.settings = new
+            self.pending = None
             if rebuild:
                 await self.start_pipeline()
             await self.send("session.updated", session=self.settings.describe(self.id, self.model_name))

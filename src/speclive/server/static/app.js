@@ -1,0 +1,239 @@
+// speclive's web page: microphone -> WS /v1/realtime (OpenAI Realtime events) -> live views.
+// Plain ES module, no dependencies. The worklet sends 16 kHz PCM16; answers come back as 16 kHz
+// PCM16 and are played in order. Counters on <body data-*> let tests and curious users see
+// what happened (turns, answers, milliseconds of answer audio played).
+
+const $ = (sel) => document.querySelector(sel);
+const body = document.body;
+const RATE = 16000;
+
+const st = {
+  mode: "chat",
+  ws: null,
+  ctx: null,
+  stream: null,
+  node: null,
+  playAt: 0,
+  sources: [],
+  playedMs: 0,
+  lastCandidate: "",
+};
+
+function setStatus(text) { $("#status").textContent = text; }
+function bump(name) { body.dataset[name] = String(Number(body.dataset[name] || 0) + 1); }
+
+function b64FromBytes(buffer) {
+  const u = new Uint8Array(buffer);
+  let s = "";
+  for (let i = 0; i < u.length; i += 0x8000) s += String.fromCharCode.apply(null, u.subarray(i, i + 0x8000));
+  return btoa(s);
+}
+
+function bytesFromB64(b64) {
+  const s = atob(b64);
+  const u = new Uint8Array(s.length);
+  for (let i = 0; i < s.length; i++) u[i] = s.charCodeAt(i);
+  return u.buffer;
+}
+
+function setSplit(el, stable, tentative) {
+  el.querySelector(".stable").textContent = stable || "";
+  el.querySelector(".tentative").textContent = tentative || "";
+}
+
+function commonPrefix(a, b) {
+  let i = 0;
+  while (i < a.length && i < b.length && a[i] === b[i]) i++;
+  return i;
+}
+
+// ---- the connection --------------------------------------------------------------------
+function sessionUpdate() {
+  return {
+    type: "session.update",
+    session: {
+      turn_detection: { type: "server_vad" },
+      speclive: { mode: st.mode, target_lang: $("#lang").value, sample_rate: RATE },
+    },
+  };
+}
+
+function send(event) {
+  if (st.ws && st.ws.readyState === WebSocket.OPEN) st.ws.send(JSON.stringify(event));
+}
+
+function connect() {
+  return new Promise((resolve, reject) => {
+    const key = $("#key").value || localStorage.getItem("speclive-key") || "";
+    if ($("#key").value) localStorage.setItem("speclive-key", $("#key").value);
+    const protocols = ["realtime"];
+    if (key) protocols.push("openai-insecure-api-key." + key);
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const ws = new WebSocket(`${scheme}://${location.host}/v1/realtime`, protocols);
+    ws.onopen = () => { st.ws = ws; send(sessionUpdate()); resolve(ws); };
+    ws.onmessage = (m) => onEvent(JSON.parse(m.data));
+    ws.onerror = () => reject(new Error("WebSocket error"));
+    ws.onclose = (e) => {
+      st.ws = null;
+      if (e.code === 1008) { $(".key").hidden = false; setStatus("this server needs an API key"); }
+      else if (e.code === 1013) setStatus("the server is full, try again soon");
+      else setStatus(`disconnected (${e.code}${e.reason ? ": " + e.reason : ""})`);
+      stopMic();
+    };
+  });
+}
+
+// ---- microphone -------------------------------------------------------------------------
+async function startMic() {
+  st.ctx = st.ctx || new AudioContext();
+  await st.ctx.resume();
+  await st.ctx.audioWorklet.addModule("/static/worklet.js");
+  st.stream = await navigator.mediaDevices.getUserMedia({
+    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
+  });
+  if (!st.ws) await connect();
+  const src = st.ctx.createMediaStreamSource(st.stream);
+  st.node = new AudioWorkletNode(st.ctx, "pcm16-writer");
+  st.node.port.onmessage = (m) => send({ type: "input_audio_buffer.append", audio: b64FromBytes(m.data) });
+  src.connect(st.node);
+  st.node.connect(st.ctx.destination); // silent: keeps the worklet pulled
+  body.dataset.state = "listening";
+  $("#mic").textContent = "■ Stop";
+  setStatus("listening");
+}
+
+function stopMic() {
+  if (st.node) { st.node.port.onmessage = null; st.node.disconnect(); st.node = null; }
+  if (st.stream) { st.stream.getTracks().forEach((t) => t.stop()); st.stream = null; }
+  body.dataset.state = "idle";
+  $("#mic").textContent = "🎤 Start";
+}
+
+// ---- answer audio -----------------------------------------------------------------------
+function play(b64) {
+  if (!st.ctx) return;
+  const pcm = new Int16Array(bytesFromB64(b64));
+  if (!pcm.length) return;
+  const buf = st.ctx.createBuffer(1, pcm.length, RATE);
+  const ch = buf.getChannelData(0);
+  for (let i = 0; i < pcm.length; i++) ch[i] = pcm[i] / 32768;
+  const src = st.ctx.createBufferSource();
+  src.buffer = buf;
+  src.connect(st.ctx.destination);
+  const at = Math.max(st.ctx.currentTime, st.playAt);
+  src.start(at);
+  st.playAt = at + buf.duration;
+  st.sources.push(src);
+  src.onended = () => {
+    st.sources = st.sources.filter((s) => s !== src);
+    st.playedMs += buf.duration * 1000;
+    body.dataset.playedMs = String(Math.round(st.playedMs));
+  };
+}
+
+function stopPlayback() {
+  st.sources.forEach((s) => { s.onended = null; try { s.stop(); } catch { /* not started */ } });
+  st.sources = [];
+  st.playAt = 0;
+}
+
+// ---- protocol events -> views -------------------------------------------------------------
+function onEvent(e) {
+  switch (e.type) {
+    case "session.created":
+    case "session.updated":
+      setStatus(st.node ? "listening" : "connected");
+      break;
+    case "input_audio_buffer.speech_started":
+      if (st.sources.length) stopPlayback(); // you spoke over the answer
+      setStatus("hearing you…");
+      if (st.mode === "chat") { $("#chat-answer").textContent = ""; $("#chat-spec").textContent = ""; st.lastCandidate = ""; }
+      break;
+    case "input_audio_buffer.speech_stopped":
+      setStatus("…");
+      break;
+    case "speclive.transcript":
+      if (st.mode === "chat") setSplit($("#chat-you"), e.stable, e.tentative);
+      else if (st.mode === "transcribe") setSplit($("#tx-live"), e.stable, e.tentative);
+      else $("#tr-source").textContent = [e.stable, e.tentative].filter(Boolean).join(" ");
+      break;
+    case "conversation.item.input_audio_transcription.completed":
+      bump("transcripts");
+      body.dataset.lastTranscript = e.transcript;
+      if (st.mode === "chat") setSplit($("#chat-you"), e.transcript, "");
+      if (st.mode === "transcribe") {
+        const li = document.createElement("li");
+        li.textContent = e.transcript;
+        $("#tx-lines").appendChild(li);
+        setSplit($("#tx-live"), "", "");
+      }
+      break;
+    case "speclive.speculation": {
+      const el = $("#chat-spec");
+      const kept = commonPrefix(st.lastCandidate, e.candidate);
+      el.textContent = "";
+      const b = document.createElement("b");
+      b.textContent = e.candidate.slice(0, kept);
+      el.append(b, e.candidate.slice(kept));
+      st.lastCandidate = e.candidate;
+      bump("speculations");
+      break;
+    }
+    case "response.created":
+      $("#chat-answer").textContent = "";
+      setStatus("answering");
+      break;
+    case "response.output_audio_transcript.delta":
+    case "response.audio_transcript.delta":
+      $("#chat-answer").textContent += e.delta;
+      break;
+    case "response.output_audio.delta":
+    case "response.audio.delta":
+      play(e.delta);
+      bump("audioDeltas");
+      break;
+    case "response.done":
+      bump("answers");
+      setStatus(st.node ? "listening" : "connected");
+      break;
+    case "speclive.interrupted":
+      stopPlayback();
+      break;
+    case "speclive.translation":
+      setSplit($("#tr-text"), e.stable, e.tentative);
+      if (e.final) bump("translations");
+      break;
+    case "speclive.turn_metrics": {
+      bump("turns");
+      if (st.mode !== "chat" || e.latency_s == null) break;
+      const li = document.createElement("li");
+      li.textContent = `${e.transcript} — answered in ${e.latency_s.toFixed(2)} s` +
+        (e.audio_ready_at_eot ? " (first sentence ready when you stopped)" : "");
+      $("#chat-turns").appendChild(li);
+      break;
+    }
+    case "speclive.notice":
+      setStatus(e.message || e.code);
+      break;
+    case "error":
+      setStatus(`error: ${e.error.message}`);
+      break;
+  }
+}
+
+// ---- controls ---------------------------------------------------------------------------
+$("#mic").addEventListener("click", async () => {
+  if (st.node) { stopMic(); setStatus("stopped"); return; }
+  try { await startMic(); } catch (err) { setStatus(`microphone: ${err.message}`); stopMic(); }
+});
+
+document.querySelectorAll(".tab").forEach((tab) => tab.addEventListener("click", () => {
+  document.querySelectorAll(".tab").forEach((t) => t.classList.toggle("active", t === tab));
+  st.mode = tab.dataset.mode;
+  for (const m of ["chat", "translate", "transcribe"]) $(`#view-${m}`).hidden = m !== st.mode;
+  $("#lang-box").hidden = st.mode !== "translate";
+  body.dataset.mode = st.mode;
+  send(sessionUpdate());
+}));
+$("#lang").addEventListener("change", () => send(sessionUpdate()));
+body.dataset.mode = st.mode;
