@@ -10,7 +10,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.speclive-installed
 BUNDLE := $(VENV)/.speclive-bundle
 
-.PHONY: install models run test test-slow lint bench-small clean
+.PHONY: install models run demo test test-slow lint bench-small clean
 
 install: $(STAMP)
 
@@ -30,7 +30,11 @@ $(BUNDLE): $(STAMP) src/speclive/models/registry.py
 	$(PY) -m speclive.cli models install --bundle
 	touch $@
 
+# the main job: the server (OpenAI REST + realtime WebSocket + the web page) on 127.0.0.1:8000
 run: $(BUNDLE)
+	$(PY) -m speclive.cli serve
+
+demo: $(BUNDLE)
 	$(PY) -m speclive.cli demo
 
 test: $(BUNDLE)

@@ -66,6 +66,12 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if config.preload:
             await services.load_all()
+            ws_url = config.url.replace("http", "ws", 1)
+            print(
+                f"speclive serve: ready. Open {config.url}/ for the web page (microphone); "
+                f"OpenAI-compatible API at {config.url}/v1, realtime at {ws_url}/v1/realtime",
+                flush=True,
+            )
         yield
         services.close()
 

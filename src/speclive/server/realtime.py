@@ -583,20 +583,9 @@ async def _live_models(svc: Any) -> tuple[LiveModels, str]:
     tts = None
     with contextlib.suppress(APIError):
         tts = getattr(await svc.engine("speech"), "tts", None)
-    if svc.live_transcriber is None:
-        from speclive.asr.transcribe import TranscribeConfig, Transcriber
-
-        cfg = svc.config
-        tc = TranscribeConfig(
-            model=cfg.asr_model,
-            draft=cfg.asr_draft,
-            method=cfg.asr_method,
-            threads=cfg.threads,
-            target_audio_margin_s=1.0,
-        )
-        svc.live_transcriber = await svc.worker("chat").call(Transcriber, tc)
+    transcriber = await svc.live_whisper()
     mcfg = LiveModelsConfig(model=chat.name, asr_model=svc.config.asr_model, asr_draft=svc.config.asr_draft)
-    return LiveModels(mcfg, svc.live_transcriber, chat.backend, tts), chat.name
+    return LiveModels(mcfg, transcriber, chat.backend, tts), chat.name
 
 
 @router.websocket("/v1/realtime")

@@ -100,6 +100,29 @@ class Services:
                 await self.engine(kind)
             except APIError as exc:
                 log.warning("%s (its endpoint answers 503 until it loads)", exc.message)
+        try:
+            await self.live_whisper()
+        except Exception:
+            log.exception("the realtime sessions' Whisper could not be loaded (it is retried per session)")
+
+    async def live_whisper(self) -> Any:
+        """The Whisper of realtime sessions, loaded once on the chat worker (which runs them)."""
+        if self.live_transcriber is None:
+            from speclive.asr.transcribe import TranscribeConfig, Transcriber
+
+            cfg = self.config
+            tc = TranscribeConfig(
+                model=cfg.asr_model,
+                draft=cfg.asr_draft,
+                method=cfg.asr_method,
+                threads=cfg.threads,
+                target_audio_margin_s=1.0,  # a live turn is seconds long, not Whisper's 30 s window
+            )
+            lock = self._locks.setdefault("live", asyncio.Lock())
+            async with lock:
+                if self.live_transcriber is None:
+                    self.live_transcriber = await self.worker("chat").call(Transcriber, tc)
+        return self.live_transcriber
 
     def status(self) -> dict[str, str | None]:
         return {k: (e.name if e is not None else None) for k, e in self._engines.items()}

@@ -17,6 +17,7 @@ const st = {
   sources: [],
   playedMs: 0,
   lastCandidate: "",
+  newTurn: false,
 };
 
 function setStatus(text) { $("#status").textContent = text; }
@@ -147,15 +148,14 @@ function onEvent(e) {
     case "input_audio_buffer.speech_started":
       if (st.sources.length) stopPlayback(); // you spoke over the answer
       setStatus("hearing you…");
-      if (st.mode === "chat") { $("#chat-answer").textContent = ""; $("#chat-spec").textContent = ""; st.lastCandidate = ""; }
+      st.newTurn = true; // the previous turn's texts stay until this one has its own
       break;
     case "input_audio_buffer.speech_stopped":
-      setStatus("…");
+      setStatus(st.mode === "chat" ? "thinking…" : "listening");
       break;
     case "speclive.transcript":
       if (st.mode === "chat") setSplit($("#chat-you"), e.stable, e.tentative);
       else if (st.mode === "transcribe") setSplit($("#tx-live"), e.stable, e.tentative);
-      else $("#tr-source").textContent = [e.stable, e.tentative].filter(Boolean).join(" ");
       break;
     case "conversation.item.input_audio_transcription.completed":
       bump("transcripts");
@@ -170,6 +170,7 @@ function onEvent(e) {
       break;
     case "speclive.speculation": {
       const el = $("#chat-spec");
+      if (st.newTurn) { st.lastCandidate = ""; st.newTurn = false; }
       const kept = commonPrefix(st.lastCandidate, e.candidate);
       el.textContent = "";
       const b = document.createElement("b");
@@ -200,6 +201,7 @@ function onEvent(e) {
       stopPlayback();
       break;
     case "speclive.translation":
+      $("#tr-source").textContent = e.source; // what this translation is of
       setSplit($("#tr-text"), e.stable, e.tentative);
       if (e.final) bump("translations");
       break;
