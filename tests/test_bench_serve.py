@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from speclive.bench.serve import Request, serve_markdown, summarize
+from speclive.bench.serve import Request, serve_markdown, summarize, summarize_voice
 
 
 def _req(server, s, prompt, tokens, total, ttft=0.1, text=None, error=""):
@@ -70,3 +70,16 @@ def test_summary_pairs_prompts_and_reports_ratios():
     )
     assert "| code-edit | speclive | 0.100 | 50.0 | 2.00× | 2/3 |" in md
     assert "**1.25×**" in md
+
+
+def test_voice_summary_per_concurrency():
+    recs = [
+        {"concurrency": 1, "method": "predgen", "latency_s": 1.0, "error": ""},
+        {"concurrency": 1, "method": "predgen", "latency_s": 3.0, "error": ""},
+        {"concurrency": 1, "method": "cascade", "latency_s": 4.0, "error": ""},
+        {"concurrency": 4, "method": "predgen", "latency_s": None, "error": "no answer audio"},
+        {"concurrency": 4, "method": "cascade", "latency_s": 5.0, "error": ""},
+    ]
+    one, four = summarize_voice(recs)
+    assert one["predgen"]["median_s"] == 2.0 and one["cascade"]["median_s"] == 4.0 and one["ratio"] == 2.0
+    assert four["predgen"] == {"median_s": None, "p90_s": None, "n": 0, "errors": 1} and four["ratio"] is None

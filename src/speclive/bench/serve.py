@@ -23,6 +23,7 @@ A couple of warm-up requests per server come first and are not counted.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from speclive.bench import report
 
@@ -53,6 +55,9 @@ class ServeBenchOptions:
     n_ctx: int = 4096
     drafter: str = "ngram"
     warmup: int = 2
+    #: spoken questions for the realtime phase (0: no realtime phase)
+    voice_questions: int = 6
+    voice_concurrency: tuple[int, ...] = (1, 4)
     command: str = ""
     out: Path = Path("benchmarks/results")
     tag: str = "serve"
@@ -217,6 +222,102 @@ def _concurrent(srv: Running, model: str, prompts: list[str], clients: int, opts
     }
 
 
+def voice_session(url: str, audio: np.ndarray, speech_end_s: float, method: str) -> dict[str, Any]:
+    """One spoken question through ``WS /v1/realtime`` at a microphone's pace (100 ms chunks,
+    16 kHz). Latency: the chunk holding the end of speech was sent -> the first answer audio
+    arrived (what a caller hears, network and queueing included)."""
+    from websockets.sync.client import connect
+
+    ws_url = url.replace("http://", "ws://") + "/v1/realtime"
+    rec: dict[str, Any] = {"method": method, "latency_s": None, "error": ""}
+    step = 1600
+    end_sample = int(speech_end_s * 16_000)
+    try:
+        with connect(ws_url, open_timeout=60, max_size=None) as ws:
+            ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {"speclive": {"mode": "chat", "method": method, "sample_rate": 16_000}},
+                    }
+                )
+            )
+            t_end = None
+            t0 = time.perf_counter()
+            for k, i in enumerate(range(0, len(audio), step)):
+                due = t0 + k * step / 16_000
+                time.sleep(max(0.0, due - time.perf_counter()))
+                chunk = (np.clip(audio[i : i + step], -1, 1) * 32767).astype("<i2").tobytes()
+                ws.send(
+                    json.dumps(
+                        {"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}
+                    )
+                )
+                if t_end is None and i + step >= end_sample:
+                    t_end = time.perf_counter()
+            deadline = time.perf_counter() + 120
+            while time.perf_counter() < deadline:
+                msg = json.loads(ws.recv(timeout=max(0.1, deadline - time.perf_counter())))
+                kind = msg["type"]
+                if kind == "response.output_audio.delta" and rec["latency_s"] is None:
+                    rec["latency_s"] = time.perf_counter() - (t_end or t0)
+                elif kind == "conversation.item.input_audio_transcription.completed":
+                    rec["transcript"] = msg["transcript"]
+                elif kind == "speclive.turn_metrics":
+                    rec["server_latency_s"] = msg.get("latency_s")
+                elif kind == "error":
+                    rec["error"] = msg["error"]["message"]
+                elif kind == "response.done":
+                    break
+    except Exception as e:  # a failed session is a counted error, not the end of the run
+        rec["error"] = f"{type(e).__name__}: {e}"
+    if rec["latency_s"] is None and not rec["error"]:
+        rec["error"] = "no answer audio"
+    return rec
+
+
+def _sessions_at_once(
+    url: str, batch: list[tuple[str, np.ndarray, float]], method: str
+) -> list[dict[str, Any]]:
+    """One voice session per spoken question in ``batch``, all at once (a thread each)."""
+    out: list[dict[str, Any]] = [{} for _ in batch]
+
+    def run(j: int) -> None:
+        text, audio, end_s = batch[j]
+        out[j] = voice_session(url, audio, end_s, method) | {"question": text}
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in range(len(batch))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def _voice_phase(url: str, opts: ServeBenchOptions, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Spoken MT-Bench questions (Piper) through the WebSocket, PredGen and the cascade
+    alternating, at each concurrency (that many sessions at once, different questions)."""
+    from speclive.bench.live import chat_questions, speak
+    from speclive.tts.piper import PiperTTS
+
+    tts = PiperTTS()
+    spoken = []
+    for q in chat_questions(opts.voice_questions):
+        s = speak(tts, q["prompt"], None, tail_s=2.0)
+        spoken.append((q["prompt"], s["audio"], s["input_s"] - 2.0))
+    records: list[dict[str, Any]] = []
+    methods = ("predgen", "cascade")
+    for i in range(len(spoken)):
+        for conc in opts.voice_concurrency:
+            order = methods if i % 2 == 0 else methods[::-1]
+            for method in order:
+                batch = [spoken[(i + j) % len(spoken)] for j in range(conc)]
+                out = _sessions_at_once(url, batch, method)
+                records += [r | {"concurrency": conc} for r in out]
+                log(f"voice: question {i + 1}/{len(spoken)}, {conc} session(s), {method}")
+    return records
+
+
 def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict[str, Any]:
     from llama_cpp import Llama
 
@@ -304,6 +405,7 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
             log(f"{opts.clients} clients on {name} ...")
             row = _concurrent(servers[name], models[name], all_prompts, opts.clients, opts, count)
             concurrent.append(row)
+        voice = _voice_phase(servers["speclive"].url, opts, log) if opts.voice_questions else []
     finally:
         for srv in servers.values():
             stop_server(srv)
@@ -315,13 +417,16 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
         "drafter": opts.drafter,
         "warmup_requests": opts.warmup,
         "prompts": {k: len(v) for k, v in opts.prompts.items()},
+        "voice_questions": opts.voice_questions,
+        "voice_concurrency": list(opts.voice_concurrency),
     }
     header |= {"settings": settings, "command": opts.command}
     return {
         "header": header,
         "single": [r.__dict__ for r in single],
         "concurrent": concurrent,
-        "summary": summarize(single, concurrent),
+        "voice": voice,
+        "summary": summarize(single, concurrent) | {"voice": summarize_voice(voice)},
     }
 
 
@@ -364,6 +469,32 @@ def summarize(single: list[Request], concurrent: list[dict[str, Any]]) -> dict[s
     return out
 
 
+def summarize_voice(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency and method: median / p90 voice-to-voice latency, errors; the median
+    ratio cascade / PredGen."""
+    rows = []
+    for conc in sorted({r["concurrency"] for r in records}):
+        row: dict[str, Any] = {"concurrency": conc}
+        for m in ("predgen", "cascade"):
+            lat = sorted(
+                r["latency_s"]
+                for r in records
+                if r["concurrency"] == conc and r["method"] == m and r["latency_s"] is not None
+            )
+            row[m] = {
+                "median_s": statistics.median(lat) if lat else None,
+                "p90_s": _percentile(lat, 0.9) if lat else None,
+                "n": len(lat),
+                "errors": sum(
+                    1 for r in records if r["concurrency"] == conc and r["method"] == m and r["error"]
+                ),
+            }
+        a, b = row["predgen"]["median_s"], row["cascade"]["median_s"]
+        row["ratio"] = b / a if a and b else None
+        rows.append(row)
+    return rows
+
+
 def serve_markdown(result: dict[str, Any]) -> str:
     h = result["header"]
     lines = report.markdown_preamble("speclive serve vs llama-cpp-python's server", h)
@@ -402,6 +533,26 @@ def serve_markdown(result: dict[str, Any]) -> str:
             )
     if "aggregate_ratio" in c:
         lines += ["", f"Aggregate throughput, speclive / llama_cpp.server: **{c['aggregate_ratio']:.2f}×**"]
+    voice = result["summary"].get("voice") or []
+    if voice:
+        lines += [
+            "",
+            "Realtime voice chat through `WS /v1/realtime` (spoken MT-Bench questions, Piper, streamed "
+            "at 1x in 100 ms chunks; latency = the chunk with the end of speech sent -> first answer "
+            "audio received):",
+            "",
+            "| sessions at once | PredGen median s | p90 s | cascade median s | p90 s | cascade / PredGen "
+            "| errors |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in voice:
+            p, q = r["predgen"], r["cascade"]
+            ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}×"
+            lines.append(
+                f"| {r['concurrency']} | {report._fmt(p['median_s'])} | {report._fmt(p['p90_s'])} | "
+                f"{report._fmt(q['median_s'])} | {report._fmt(q['p90_s'])} | "
+                f"{ratio} | {p['errors'] + q['errors']} |"
+            )
     return "\n".join(lines)
 
 
@@ -443,6 +594,10 @@ def add_serve_bench_parser(sub) -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--drafter", default="ngram")
+    p.add_argument(
+        "--voice-questions", type=int, default=6, help="spoken questions for the realtime phase (0: none)"
+    )
+    p.add_argument("--voice-sessions", default="1,4", help="realtime sessions at once, comma-separated")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--tag", default=None, help="results name: serve-<tag>.*")
     p.add_argument("--no-plot", action="store_true")
@@ -491,7 +646,8 @@ def cmd_serve_bench(args) -> int:
         "--threads",
         str(args.threads),
     ]
-    parts += ["--drafter", args.drafter, "--tag", tag.removeprefix("serve-")]
+    parts += ["--drafter", args.drafter, "--voice-questions", str(args.voice_questions)]
+    parts += ["--voice-sessions", args.voice_sessions, "--tag", tag.removeprefix("serve-")]
     opts = ServeBenchOptions(
         model=model,
         prompts=_prompt_sets(sets, args.limit),
@@ -499,6 +655,8 @@ def cmd_serve_bench(args) -> int:
         clients=args.clients,
         threads=args.threads,
         drafter=args.drafter,
+        voice_questions=args.voice_questions,
+        voice_concurrency=tuple(int(x) for x in args.voice_sessions.split(",") if x),
         command=report.command_line(parts),
         out=args.out,
         tag=tag,
