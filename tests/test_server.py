@@ -461,7 +461,7 @@ class ScriptedChat:
 @pytest.fixture(scope="module")
 def scripted():
     engine = ScriptedChat()
-    app = create_app(ServerConfig(model="scripted", max_sessions=1), chat=engine)
+    app = create_app(ServerConfig(model="scripted", max_sessions=1, queue_wait_s=0), chat=engine)
     with running(app) as url:
         yield SimpleNamespace(url=url, app=app, engine=engine)
 
@@ -483,6 +483,37 @@ def test_busy_server_503_then_disconnect_cancels(scripted):
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ababab"
         assert r.json()["choices"][0]["finish_reason"] == "stop"
         assert "speclive_cancelled_generations_total 1.0" in http.get("/metrics").text
+
+
+def test_a_full_server_queues_requests_in_order_then_refuses():
+    engine = ScriptedChat()
+    app = create_app(ServerConfig(model="scripted", max_sessions=1, queue_wait_s=3.0), chat=engine)
+    body = {"model": "scripted", "messages": _ask("forever"), "stream": True}
+    with running(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        done: list[tuple[int, float]] = []
+
+        def ask(i: int) -> None:
+            time.sleep(0.1 * i)  # arrive in order
+            r = http.post("/v1/chat/completions", json={"model": "scripted", "messages": _ask("hi")})
+            done.append((i, r.status_code))
+
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()  # kept: a dropped iterator would close the stream
+            next(lines)
+            waiting = [threading.Thread(target=ask, args=(i,)) for i in range(1, 4)]
+            for t in waiting:
+                t.start()
+            time.sleep(1.0)
+            assert not done  # all three wait in line for the one slot
+        for t in waiting:
+            t.join(30)
+        assert [i for i, _ in done] == [1, 2, 3] and all(code == 200 for _, code in done)  # FIFO
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            next(lines)
+            t0 = time.time()
+            busy = http.post("/v1/chat/completions", json={"model": "scripted", "messages": _ask("hi")})
+            assert busy.status_code == 503 and 2.5 < time.time() - t0 < 10  # waited its 3 s, then refused
 
 
 def test_unexpected_error_is_500_without_details(scripted):

@@ -30,6 +30,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -332,8 +333,8 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
         return len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)) if text else 0
 
     header = {"machine": report.machine_info(), "target": opts.model, "gguf": Path(gguf).name}
-    log_dir = opts.out / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="speclive-bench-serve-"))  # the servers' output
+    log(f"server logs in {log_dir}")
     py = sys.executable
     ours_port, peer_port = _free_port(), _free_port()
     cmds = {

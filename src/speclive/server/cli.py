@@ -24,7 +24,15 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--asr-method", default="specasr", help="ar | sd | specasr | faster-whisper")
     p.add_argument("--voice", default="piper-joe-medium", help="Piper voice of /v1/audio/speech")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health)")
-    p.add_argument("--max-sessions", type=int, default=4, help="requests computing at once; more get 503")
+    p.add_argument(
+        "--max-sessions", type=int, default=4, help="requests computing at once; more wait in line"
+    )
+    p.add_argument(
+        "--queue-wait",
+        type=float,
+        default=30.0,
+        help="seconds a request waits for a slot before a 503 (0: none)",
+    )
     p.add_argument("--max-tokens", type=int, default=2048, help="most tokens one completion may generate")
     p.add_argument("--max-audio", type=float, default=120.0, help="longest audio to transcribe (seconds)")
     p.add_argument("--lazy", action="store_true", help="load each model on first use, not at startup")
@@ -54,6 +62,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tts_voice=args.voice,
         api_key=args.api_key,
         max_sessions=args.max_sessions,
+        queue_wait_s=args.queue_wait,
         max_tokens=args.max_tokens,
         max_audio_s=args.max_audio,
         preload=not args.lazy,

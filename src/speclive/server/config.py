@@ -45,6 +45,8 @@ class ServerConfig:
     #: requests computing at once (chat generations, transcriptions, syntheses); more get 503.
     #: Chat generations are further capped by the llama.cpp backend's KV states (4).
     max_sessions: int = 4
+    #: seconds a REST request waits in line for a slot before it is refused with 503
+    queue_wait_s: float = 30.0
     #: largest request body (OpenAI's audio upload limit is 25 MB)
     max_body_bytes: int = 25 * 1024 * 1024
     #: longest audio accepted for transcription
@@ -70,6 +72,8 @@ class ServerConfig:
         for name in ("max_sessions", "max_body_bytes", "max_tokens", "max_speech_chars"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.queue_wait_s < 0:
+            raise ConfigError(f"queue_wait_s must be >= 0, got {self.queue_wait_s}")
         if self.asr_step_s <= 0:
             raise ConfigError(f"asr_step_s must be > 0, got {self.asr_step_s}")
         if self.max_audio_s <= 0:

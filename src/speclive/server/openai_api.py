@@ -122,7 +122,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         seed=body.seed if body.seed is not None else 0,
     )
     engine = await svc.engine("chat")
-    session = svc.sessions.acquire("chat", engine.max_parallel)
+    session = await svc.sessions.acquire_waiting("chat", engine.max_parallel, svc.config.queue_wait_s)
     stream, first = await _start(svc.worker("chat"), lambda: engine.generate(messages, params), session)
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -269,7 +269,7 @@ async def transcriptions(
             code="audio_too_long",
         )
     engine = await svc.engine("transcription")
-    session = svc.sessions.acquire("transcription")
+    session = await svc.sessions.acquire_waiting("transcription", None, svc.config.queue_wait_s)
     if stream:
         step_s = svc.config.asr_step_s
         partials, first = await _start(
@@ -365,7 +365,7 @@ async def speech(body: SpeechRequest, request: Request) -> Response:
     if not text:
         raise APIError(400, "input has nothing to speak (only blanks or control characters)", param="input")
     engine = await svc.engine("speech")
-    with svc.sessions.acquire("speech"):
+    with await svc.sessions.acquire_waiting("speech", None, svc.config.queue_wait_s):
         audio = await svc.worker("speech").call(engine.synthesize, text, body.speed)
     svc.metrics.audio_out.inc(audio.duration_s)
     if fmt == "pcm":

@@ -1,14 +1,19 @@
-"""Admission control: how many requests may compute at once; the rest get 503 at once.
+"""Admission control: how many requests may compute at once, and a short queue for the rest.
 
 A *session* is one request that holds model work: a chat generation (stream or not), a
-transcription, a synthesis. Queuing them without bound would only make every client wait
-longer on a CPU box, so past ``max_sessions`` (and, for chat, past the number of KV states the
-LLM backend holds at once) a request is refused with 503 and a ``Retry-After`` header.
+transcription, a synthesis, a realtime voice session. Past ``max_sessions`` (and, for chat,
+past the number of KV states the LLM backend holds at once) a REST request waits in a FIFO
+queue for up to ``wait_s`` seconds (``acquire_waiting``); a queue without bound would only make
+every client wait longer on a CPU box, so after that it is refused with 503 and a
+``Retry-After`` header. Realtime sessions are refused at once (``acquire``): a voice caller is
+better told to come back than left hanging.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections import deque
 
 from prometheus_client import Gauge
 
@@ -41,6 +46,8 @@ class SessionLimiter:
         self._gauge = gauge
         self._lock = threading.Lock()
         self._by_kind: dict[str, int] = {}
+        #: requests waiting for a slot, oldest first: (future, its event loop)
+        self._waiters: deque[tuple[asyncio.Future, asyncio.AbstractEventLoop]] = deque()
 
     @property
     def live(self) -> int:
@@ -61,11 +68,45 @@ class SessionLimiter:
                 self._gauge.set(total + 1)
         return Session(self, kind)
 
+    async def acquire_waiting(self, kind: str, kind_limit: int | None = None, wait_s: float = 0.0) -> Session:
+        """``acquire``, waiting in line up to ``wait_s`` seconds for a slot (FIFO: a request
+        that arrives while others wait queues behind them)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        turn: asyncio.Future | None = None
+        while True:
+            if turn is not None or not self._waiters:
+                try:
+                    return self.acquire(kind, kind_limit)
+                except APIError as busy:
+                    refusal = busy
+            else:
+                refusal = self._busy("requests are waiting")
+            left = deadline - loop.time()
+            if left <= 0:
+                raise refusal
+            turn = loop.create_future()
+            entry = (turn, loop)
+            with self._lock:
+                self._waiters.append(entry)
+            try:
+                await asyncio.wait_for(turn, left)
+            except TimeoutError:
+                raise refusal from None
+            finally:
+                with self._lock:
+                    if entry in self._waiters:
+                        self._waiters.remove(entry)
+
     def _release(self, kind: str) -> None:
         with self._lock:
             self._by_kind[kind] = max(0, self._by_kind.get(kind, 0) - 1)
             if self._gauge is not None:
                 self._gauge.set(sum(self._by_kind.values()))
+            first = self._waiters.popleft() if self._waiters else None
+        if first is not None:  # the oldest waiter tries again
+            fut, loop = first
+            loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(None))
 
     @staticmethod
     def _busy(what: str) -> APIError:
