@@ -67,6 +67,7 @@ def test_sdk_voice_turn(rt):
     types: list[str] = []
     audio_bytes = 0
     transcript = answer = ""
+    metrics: dict = {}
     with client.realtime.connect(model="speclive", max_retries=0) as conn:
         assert conn.recv().type == "session.created"
         for b64 in _chunks(audio):
@@ -82,6 +83,8 @@ def test_sdk_voice_turn(rt):
                 audio_bytes += len(base64.b64decode(e.delta))
             elif e.type == "response.output_audio_transcript.done":
                 answer = e.transcript
+            elif e.type == "speclive.turn_metrics":
+                metrics = e.to_dict() if hasattr(e, "to_dict") else dict(e)
             elif e.type == "response.done":
                 assert e.response.status == "completed"
                 break
@@ -93,12 +96,18 @@ def test_sdk_voice_turn(rt):
         "input_audio_buffer.committed",
         "response.created",
         "response.done",
+        "speclive.speculation",  # the answer was speculated while the question was spoken
+        "speclive.turn_metrics",
     ):
         assert t in types, (t, types)
+    assert types.index("speclive.speculation") < types.index("input_audio_buffer.speech_stopped")
     assert "capital" in transcript.lower() and "france" in transcript.lower(), transcript
     assert answer.strip(), "no answer text"
     assert audio_bytes > 2 * 24_000 * 0.3  # at least 0.3 s of 24 kHz PCM16
     assert types.index("input_audio_buffer.speech_started") < types.index("response.created")
+    # per-turn latency: end of speech -> first answer audio, measured on the server's wall clock
+    assert metrics.get("latency_s") is not None and 0 < metrics["latency_s"] < 60, metrics
+    assert "france" in metrics.get("transcript", "").lower(), metrics
 
 
 def _raw(url: str, **kw):
@@ -154,6 +163,78 @@ def test_bad_events_get_errors_and_the_session_goes_on(rt):
         )
         s = _recv_type(ws, "session.updated")["session"]
         assert s["speclive"]["mode"] == "transcribe" and s["speclive"]["sample_rate"] == 16000
+
+
+def _collect(ws, until, timeout: float = 60) -> list[dict]:
+    """Events until ``until(event)`` is true (that one included); fails on an error event."""
+    out: list[dict] = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        msg = json.loads(ws.recv(timeout=max(0.1, deadline - time.time())))
+        assert msg["type"] != "error", msg
+        out.append(msg)
+        if until(msg):
+            return out
+    raise AssertionError(f"timed out; got {[m['type'] for m in out]}")
+
+
+def test_translation_session_at_16k(rt):
+    """mode translate, 16 kHz input: the source transcript and stable / tentative translations."""
+    url, audio24, _app = rt
+    audio16 = resample(audio24, 24_000, 16_000)
+    with _raw(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        _recv_type(ws, "session.created")
+        ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"speclive": {"mode": "translate", "target_lang": "de", "sample_rate": 16000}},
+                }
+            )
+        )
+        s = _recv_type(ws, "session.updated")["session"]
+        assert s["speclive"]["mode"] == "translate" and s["speclive"]["sample_rate"] == 16000
+        for b64 in _chunks(audio16, rate=16_000, chunk_s=0.2):
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64}))
+            time.sleep(0.2)  # a microphone's pace: the translation runs while the user speaks
+        events = _collect(ws, lambda m: m["type"] == "speclive.translation" and m["final"], timeout=90)
+    types = [m["type"] for m in events]
+    done = [m for m in events if m["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert done and "france" in done[-1]["transcript"].lower(), types
+    updates = [m for m in events if m["type"] == "speclive.translation"]
+    final = updates[-1]
+    assert final["stable"].strip() and "france" in final["source"].lower(), final
+    # while the user spoke, the translation in progress was shown as tentative text
+    assert any(m["tentative"].strip() and not m["final"] for m in updates), updates
+    assert "response.created" not in types  # a translation session does not answer
+
+
+def test_disconnect_mid_answer_frees_the_session(rt):
+    """The client leaves at the answer's first audio delta (beta event names, asked for by
+    header): the session is released and the next session and the REST API serve as before."""
+    url, audio, app = rt
+    hdr = {"Authorization": f"Bearer {KEY}", "OpenAI-Beta": "realtime=v1"}
+    with _raw(url, additional_headers=hdr) as ws:
+        _recv_type(ws, "session.created")
+        for b64 in _chunks(audio):  # as fast as it goes: the pipeline keeps audio time
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64}))
+        events = _collect(ws, lambda m: m["type"] == "response.audio.delta", timeout=90)
+        types = [m["type"] for m in events]
+        assert "response.output_audio.delta" not in types and "response.done" not in types, types
+    # the session ends (its pipeline closed on the worker), its slot is given back
+    deadline = time.time() + 30
+    while app.state.speclive.sessions.live and time.time() < deadline:
+        time.sleep(0.05)
+    assert app.state.speclive.sessions.live == 0
+    client = OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    out = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4
+    )
+    assert out.choices[0].message.content
+    with _raw(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        _recv_type(ws, "session.created")
+        ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        _recv_type(ws, "input_audio_buffer.cleared")
 
 
 def test_auth_and_session_limit(rt):
