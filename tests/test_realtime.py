@@ -9,6 +9,7 @@ Bad input and limits go through a raw ``websockets`` client (the SDK reconnects 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 
@@ -242,6 +243,56 @@ def test_disconnect_mid_answer_frees_the_session(rt):
         _recv_type(ws, "session.created")
         ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
         _recv_type(ws, "input_audio_buffer.cleared")
+    _wait_released(app)
+
+
+def test_commit_ends_the_turn_without_server_vad(rt):
+    """turn_detection null: speech followed by too short a pause is not a turn yet; the
+    client's commit ends it (transcription mode, 16 kHz)."""
+    url, audio24, app = rt
+    speech = resample(audio24[: -int(1.4 * 24_000)], 24_000, 16_000)  # 0.1 s of silence left
+    with _raw(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        _recv_type(ws, "session.created")
+        update = {"turn_detection": None, "speclive": {"mode": "transcribe", "sample_rate": 16000}}
+        ws.send(json.dumps({"type": "session.update", "session": update}))
+        s = _recv_type(ws, "session.updated")["session"]
+        assert s["turn_detection"] is None and s["speclive"]["mode"] == "transcribe"
+        for b64 in _chunks(speech, rate=16_000, chunk_s=0.5):
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64}))
+        before: list[str] = []
+        deadline = time.time() + 2.0
+        while time.time() < deadline:
+            with contextlib.suppress(TimeoutError):
+                before.append(json.loads(ws.recv(timeout=max(0.05, deadline - time.time())))["type"])
+        assert "input_audio_buffer.speech_started" in before, before
+        assert "input_audio_buffer.committed" not in before, before
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        events = _collect(
+            ws, lambda m: m["type"] == "conversation.item.input_audio_transcription.completed", timeout=60
+        )
+    types = [m["type"] for m in events]
+    assert "input_audio_buffer.committed" in types, types
+    assert "france" in events[-1]["transcript"].lower(), events[-1]
+    _wait_released(app)
+
+
+def test_response_cancel_stops_the_answer(rt):
+    """response.cancel while the answer streams: response.done says cancelled and nothing more
+    of that answer is sent (no new response for its remaining sentences)."""
+    url, audio, app = rt
+    with _raw(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        _recv_type(ws, "session.created")
+        for b64 in _chunks(audio, chunk_s=0.5):
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64}))
+        created = _recv_type(ws, "response.created", timeout=90)
+        ws.send(json.dumps({"type": "response.cancel"}))
+        events = _collect(ws, lambda m: m["type"] == "response.done", timeout=60)
+        done = events[-1]["response"]
+        assert done["id"] == created["response"]["id"] and done["status"] == "cancelled", done
+        # the turn ends (its metrics) without another response
+        after = _collect(ws, lambda m: m["type"] == "speclive.turn_metrics", timeout=60)
+        types = [m["type"] for m in after]
+        assert not any(t.startswith("response.") for t in types), types
     _wait_released(app)
 
 
