@@ -3,7 +3,10 @@
 One server for the module: SmolLM2-135M on llama.cpp, whisper-tiny.en (one-layer self-draft) for
 the realtime sessions, the Piper voice. A spoken question (Piper, resampled to 24 kHz, silence
 after it) is streamed in 100 ms chunks at real-time pace; the answer must come back as audio.
-Bad input and limits go through a raw ``websockets`` client (the SDK reconnects on its own).
+Bad input and limits go through a raw ``websockets`` client (the SDK reconnects on its own), as
+do the other session kinds and client events: live translation at 16 kHz, transcription with
+``turn_detection: null`` ended by a commit, ``response.cancel``, a client leaving mid-answer.
+The web page is driven in headless Chromium with a WAV as its fake microphone.
 """
 
 from __future__ import annotations
