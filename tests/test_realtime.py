@@ -3,12 +3,16 @@
 One server for the module: SmolLM2-135M on llama.cpp, whisper-tiny.en (one-layer self-draft) for
 the realtime sessions, the Piper voice. A spoken question (Piper, resampled to 24 kHz, silence
 after it) is streamed in 100 ms chunks at real-time pace; the answer must come back as audio.
-Bad input and limits go through a raw ``websockets`` client (the SDK reconnects on its own).
+Bad input and limits go through a raw ``websockets`` client (the SDK reconnects on its own), as
+do the other session kinds and client events: live translation at 16 kHz, transcription with
+``turn_detection: null`` ended by a commit, ``response.cancel``, a client leaving mid-answer.
+The web page is driven in headless Chromium with a WAV as its fake microphone.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 
@@ -67,6 +71,7 @@ def test_sdk_voice_turn(rt):
     types: list[str] = []
     audio_bytes = 0
     transcript = answer = ""
+    metrics: dict = {}
     with client.realtime.connect(model="speclive", max_retries=0) as conn:
         assert conn.recv().type == "session.created"
         for b64 in _chunks(audio):
@@ -82,6 +87,8 @@ def test_sdk_voice_turn(rt):
                 audio_bytes += len(base64.b64decode(e.delta))
             elif e.type == "response.output_audio_transcript.done":
                 answer = e.transcript
+            elif e.type == "speclive.turn_metrics":
+                metrics = e.to_dict()  # an event type the SDK does not know: its fields as sent
             elif e.type == "response.done":
                 assert e.response.status == "completed"
                 break
@@ -93,12 +100,19 @@ def test_sdk_voice_turn(rt):
         "input_audio_buffer.committed",
         "response.created",
         "response.done",
+        "speclive.speculation",
+        "speclive.turn_metrics",
     ):
         assert t in types, (t, types)
+    # PredGen: the answer was speculated before the end of the turn was known
+    assert types.index("speclive.speculation") < types.index("input_audio_buffer.committed")
     assert "capital" in transcript.lower() and "france" in transcript.lower(), transcript
     assert answer.strip(), "no answer text"
     assert audio_bytes > 2 * 24_000 * 0.3  # at least 0.3 s of 24 kHz PCM16
     assert types.index("input_audio_buffer.speech_started") < types.index("response.created")
+    # per-turn latency: end of speech -> first answer audio, measured on the server's wall clock
+    assert metrics.get("latency_s") is not None and 0 < metrics["latency_s"] < 60, metrics
+    assert "france" in metrics.get("transcript", "").lower(), metrics
 
 
 def _raw(url: str, **kw):
@@ -156,6 +170,135 @@ def test_bad_events_get_errors_and_the_session_goes_on(rt):
         assert s["speclive"]["mode"] == "transcribe" and s["speclive"]["sample_rate"] == 16000
 
 
+def _wait_released(app, timeout: float = 30) -> None:
+    """Until every session slot is free again (a closed session releases its slot after its
+    compute loop's last worker turn)."""
+    deadline = time.time() + timeout
+    while app.state.speclive.sessions.live and time.time() < deadline:
+        time.sleep(0.05)
+    assert app.state.speclive.sessions.live == 0
+
+
+def _collect(ws, until, timeout: float = 60) -> list[dict]:
+    """Events until ``until(event)`` is true (that one included); fails on an error event."""
+    out: list[dict] = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        msg = json.loads(ws.recv(timeout=max(0.1, deadline - time.time())))
+        assert msg["type"] != "error", msg
+        out.append(msg)
+        if until(msg):
+            return out
+    raise AssertionError(f"timed out; got {[m['type'] for m in out]}")
+
+
+def test_translation_session_at_16k(rt):
+    """mode translate, 16 kHz input: the source transcript and stable / tentative translations."""
+    url, audio24, _app = rt
+    audio16 = resample(audio24, 24_000, 16_000)
+    with _raw(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        _recv_type(ws, "session.created")
+        ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"speclive": {"mode": "translate", "target_lang": "de", "sample_rate": 16000}},
+                }
+            )
+        )
+        s = _recv_type(ws, "session.updated")["session"]
+        assert s["speclive"]["mode"] == "translate" and s["speclive"]["sample_rate"] == 16000
+        for b64 in _chunks(audio16, rate=16_000, chunk_s=0.2):
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64}))
+            time.sleep(0.2)  # a microphone's pace: the translation runs while the user speaks
+        events = _collect(ws, lambda m: m["type"] == "speclive.translation" and m["final"], timeout=90)
+    types = [m["type"] for m in events]
+    done = [m for m in events if m["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert done and "france" in done[-1]["transcript"].lower(), types
+    updates = [m for m in events if m["type"] == "speclive.translation"]
+    final = updates[-1]
+    assert final["stable"].strip() and "france" in final["source"].lower(), final
+    # while the user spoke, the translation in progress was shown as tentative text
+    assert any(m["tentative"].strip() and not m["final"] for m in updates), updates
+    assert "response.created" not in types  # a translation session does not answer
+
+
+def test_disconnect_mid_answer_frees_the_session(rt):
+    """The client leaves at the answer's first audio delta (beta event names, asked for by
+    header): the session is released and the next session and the REST API serve as before."""
+    url, audio, app = rt
+    hdr = {"Authorization": f"Bearer {KEY}", "OpenAI-Beta": "realtime=v1"}
+    with _raw(url, additional_headers=hdr) as ws:
+        _recv_type(ws, "session.created")
+        for b64 in _chunks(audio):  # as fast as it goes: the pipeline keeps audio time
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64}))
+        events = _collect(ws, lambda m: m["type"] == "response.audio.delta", timeout=90)
+        types = [m["type"] for m in events]
+        assert "response.output_audio.delta" not in types and "response.done" not in types, types
+    # the session ends (its pipeline closed on the worker), its slot is given back
+    _wait_released(app)
+    client = OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    out = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4
+    )
+    assert out.choices[0].message.content
+    with _raw(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        _recv_type(ws, "session.created")
+        ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        _recv_type(ws, "input_audio_buffer.cleared")
+    _wait_released(app)
+
+
+def test_commit_ends_the_turn_without_server_vad(rt):
+    """turn_detection null: speech followed by too short a pause is not a turn yet; the
+    client's commit ends it (transcription mode, 16 kHz)."""
+    url, audio24, app = rt
+    speech = resample(audio24[: -int(1.4 * 24_000)], 24_000, 16_000)  # 0.1 s of silence left
+    with _raw(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        _recv_type(ws, "session.created")
+        update = {"turn_detection": None, "speclive": {"mode": "transcribe", "sample_rate": 16000}}
+        ws.send(json.dumps({"type": "session.update", "session": update}))
+        s = _recv_type(ws, "session.updated")["session"]
+        assert s["turn_detection"] is None and s["speclive"]["mode"] == "transcribe"
+        for b64 in _chunks(speech, rate=16_000, chunk_s=0.5):
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64}))
+        before: list[str] = []
+        deadline = time.time() + 2.0
+        while time.time() < deadline:
+            with contextlib.suppress(TimeoutError):
+                before.append(json.loads(ws.recv(timeout=max(0.05, deadline - time.time())))["type"])
+        assert "input_audio_buffer.speech_started" in before, before
+        assert "input_audio_buffer.committed" not in before, before
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        events = _collect(
+            ws, lambda m: m["type"] == "conversation.item.input_audio_transcription.completed", timeout=60
+        )
+    types = [m["type"] for m in events]
+    assert "input_audio_buffer.committed" in types, types
+    assert "france" in events[-1]["transcript"].lower(), events[-1]
+    _wait_released(app)
+
+
+def test_response_cancel_stops_the_answer(rt):
+    """response.cancel while the answer streams: response.done says cancelled and nothing more
+    of that answer is sent (no new response for its remaining sentences)."""
+    url, audio, app = rt
+    with _raw(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        _recv_type(ws, "session.created")
+        for b64 in _chunks(audio, chunk_s=0.5):
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64}))
+        created = _recv_type(ws, "response.created", timeout=90)
+        ws.send(json.dumps({"type": "response.cancel"}))
+        events = _collect(ws, lambda m: m["type"] == "response.done", timeout=60)
+        done = events[-1]["response"]
+        assert done["id"] == created["response"]["id"] and done["status"] == "cancelled", done
+        # the turn ends (its metrics) without another response
+        after = _collect(ws, lambda m: m["type"] == "speclive.turn_metrics", timeout=60)
+        types = [m["type"] for m in after]
+        assert not any(t.startswith("response.") for t in types), types
+    _wait_released(app)
+
+
 def test_auth_and_session_limit(rt):
     url, _audio, app = rt
     with _raw(url) as ws:  # no key
@@ -166,6 +309,7 @@ def test_auth_and_session_limit(rt):
     with _raw(url, subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"]) as ws:
         assert ws.subprotocol == "realtime"
         _recv_type(ws, "session.created")
+    _wait_released(app)
     hdr = {"Authorization": f"Bearer {KEY}"}
     with _raw(url, additional_headers=hdr) as a, _raw(url, additional_headers=hdr) as b:
         _recv_type(a, "session.created")
@@ -174,10 +318,7 @@ def test_auth_and_session_limit(rt):
             with pytest.raises(ConnectionClosed) as exc:
                 c.recv(timeout=10)
             assert exc.value.rcvd.code == 1013
-    deadline = time.time() + 10  # disconnected sessions are released
-    while app.state.speclive.sessions.live and time.time() < deadline:
-        time.sleep(0.05)
-    assert app.state.speclive.sessions.live == 0
+    _wait_released(app, timeout=10)  # disconnected sessions are released
 
 
 # ---- the web page in a real browser ---------------------------------------------------------

@@ -272,6 +272,9 @@ class RealtimeSession:
         self.user_item: str | None = None
         self.prev_item: str | None = None
         self.response: _Response | None = None
+        #: the client cancelled this turn's answer: the pipeline's further answer text and
+        #: audio of the turn are dropped (not sent as a new response) until its metrics arrive
+        self.dropping = False
         self.sent_transcript = ""
         self.lock = asyncio.Lock()  # one send at a time
         #: a session.update that needs a new pipeline, waiting for the turn in progress to end
@@ -402,6 +405,8 @@ class RealtimeSession:
                 accepted=e.accepted,
                 presynthesized=e.presynthesized,
             )
+        elif isinstance(e, (ev.AnswerDelta, ev.AudioChunk)) and self.dropping:
+            pass
         elif isinstance(e, ev.AnswerDelta):
             r = await self.begin_response()
             r.text.append(e.text)
@@ -437,6 +442,7 @@ class RealtimeSession:
         elif isinstance(e, ev.TurnMetrics):
             metrics = {k: v for k, v in e.to_json().items() if k not in ("type", "extra")}
             await self.send("speclive.turn_metrics", item_id=self.user_item, **metrics)
+            self.dropping = False
             if self.response is not None:
                 await self.end_response("cancelled" if self.response.cancelled else "completed")
 
@@ -569,6 +575,7 @@ class RealtimeSession:
         elif kind == "response.cancel":
             if self.response is not None:
                 self.response.cancelled = True
+                self.dropping = True
                 await self.end_response("cancelled")
         elif kind == "conversation.item.create":
             raise ProtocolError("unsupported_event", "text conversation items are not supported: send audio")
