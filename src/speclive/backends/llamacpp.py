@@ -243,7 +243,10 @@ class LlamaCppBackend(Backend):
         self.close()
 
     def default_cost_prior(self) -> dict[int, float] | None:
-        return dict(LLAMACPP_COST_PRIOR)
+        from speclive.drafting.priors import cost_curve
+
+        # calibrated from the committed decode benchmarks (docs/coldstart.md)
+        return cost_curve() or dict(LLAMACPP_COST_PRIOR)
 
     # ---- states ---------------------------------------------------------------------
     def new_state(self) -> LlamaCppState:
