@@ -20,13 +20,17 @@ No model runs. Three priors come out (``src/speclive/drafting/priors.json``, rea
 - **the verification cost curve t(k)/t(1)** of the llama.cpp target, the median of the cost
   curves measured in those results;
 - **the draft/target step-cost ratio** of the same-vocabulary draft model, from the committed
-  cost curves of the draft and of the target (t(1) of each, llama.cpp).
+  cost curves of the draft and of the target (t(1) of each, llama.cpp);
+- **the draft model's per-token acceptance** (with ``--draft-model``, which loads it): the draft
+  model reads each AR output teacher-forced after the last ``DEFAULT_WINDOW`` prompt tokens (what
+  ``ModelDrafter`` sees) and α is the share of output positions where its argmax is the AR
+  token; per set, and the prior is the minimum over the sets.
 
     PYTHONPATH=src python benchmarks/calibrate_priors.py \\
         benchmarks/results/decode-qwen1.5b-llamacpp.json \\
         benchmarks/results/decode-qwen1.5b-llamacpp-code-edit.json \\
         --draft-curve benchmarks/results/costcurve-qwen2.5-coder-0.5b-instruct-q4_k_m-llamacpp.json \\
-        --out src/speclive/drafting/priors.json
+        --draft-model qwen2.5-coder-0.5b-instruct --out src/speclive/drafting/priors.json
 """
 
 from __future__ import annotations
@@ -71,6 +75,24 @@ def copy_runs(prompt: list[int], ref: list[int], buckets=BUCKETS, depth: int = D
     return out
 
 
+def draft_agreement(draft, prompt: list[int], ref: list[int]) -> tuple[int, int]:
+    """(positions where the draft model's greedy token is the AR token, positions)."""
+    import numpy as np
+
+    from speclive.drafting.model import DEFAULT_WINDOW
+
+    view = prompt[-DEFAULT_WINDOW:]
+    state = draft.new_state()
+    try:
+        if len(view) > 1:
+            draft.extend(state, view[:-1], last_only=True)
+        logits = draft.extend(state, [view[-1], *ref[:-1]])
+    finally:
+        draft.release(state)
+    hits = int(np.sum(np.argmax(logits, axis=-1) == np.asarray(ref)))
+    return hits, len(ref)
+
+
 def survival(runs: list[tuple[int, int]], depth: int) -> tuple[list[float], list[int]]:
     """Kaplan-Meier S(1..depth) from (run, censor) pairs; also how many reached each depth."""
     s, curve, reached = 1.0, [], []
@@ -88,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="+")
     ap.add_argument("--draft-curve", default=None, help="costcurve JSON of the draft model (llama.cpp)")
+    ap.add_argument("--draft-model", default=None, help="measure the draft model's acceptance (loads it)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     runs: dict[tuple[str, int], dict[str, list[tuple[int, int]]]] = {
@@ -96,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     seen: set[tuple[str, str]] = set()
     curves, t1s, sources = [], [], []
     target = None
+    draft = None
+    if args.draft_model:
+        from speclive.loader import load_backend
+
+        draft = load_backend(args.draft_model, "llamacpp")
+    agree: dict[str, list[int]] = {}
     for path in args.results:
         res = json.loads(Path(path).read_text())
         sources.append(Path(path).name)
@@ -113,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             seen.add((r["set"], r["prompt_id"]))
             prompt = tok.chat([{"role": "user", "content": texts[r["prompt_id"]]}])
+            if draft is not None and r["token_ids"]:
+                hits, n = draft_agreement(draft, prompt, r["token_ids"])
+                a = agree.setdefault(r["set"], [0, 0])
+                a[0] += hits
+                a[1] += n
             for src, b, run, n in copy_runs(prompt, r["token_ids"]):
                 runs[(src, b)].setdefault(r["set"], []).append((run, n))
     buckets: dict[str, dict[str, dict]] = {s: {} for s in SOURCES}
@@ -154,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
             "t1_ms": round(float(dc["t1_ms"]), 2),
             "ratio": round(float(dc["t1_ms"]) / out["target_t1_ms"], 3) if t1s else None,
         }
+    if agree:
+        per_set = {name: round(h / n, 4) for name, (h, n) in agree.items() if n}
+        print("draft acceptance per set:", per_set)
+        out.setdefault("draft", {})
+        out["draft"].update(
+            acceptance_model=args.draft_model, acceptance_per_set=per_set, alpha=min(per_set.values())
+        )
     text = json.dumps(out, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -67,6 +67,22 @@ class CostModel:
         old = self._seconds.get(k)
         self._seconds[k] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
 
+    def set_seconds(self, k: int, seconds: float) -> None:
+        """Replace the estimate of t(k) (a deliberate measurement, not one more sample)."""
+        if 1 <= k <= self.max_k and seconds > 0:
+            self._seconds[k] = float(seconds)
+
+    def state(self) -> dict[str, float]:
+        """The measured t(k) in seconds, keyed by k (JSON-able; ``load_state`` restores it)."""
+        return {str(k): v for k, v in sorted(self._seconds.items())}
+
+    def load_state(self, data: dict[str, float]) -> None:
+        """Restore ``state()`` output; raises ``ValueError`` on a malformed entry (nothing changed)."""
+        seconds = {int(k): float(v) for k, v in data.items()}
+        if any(not 1 <= k <= self.max_k or not v > 0 for k, v in seconds.items()):
+            raise ValueError(f"bad cost measurements: {data}")
+        self._seconds = seconds
+
     def step_seconds(self) -> float | None:
         """Measured seconds of one single-token step, if seen."""
         return self._seconds.get(1)

@@ -4,8 +4,8 @@ The numbers live in ``priors.json`` next to this module, written by
 ``benchmarks/calibrate_priors.py`` from committed benchmark results (see docs/coldstart.md for
 which result each number comes from): the copy-survival curve S_b(j) per match-length bucket
 (how often a copied continuation is accepted to depth j, by the length of the match it was
-copied after), the llama.cpp verification-cost curve t(k)/t(1) and the draft/target step-cost
-ratio of the same-vocabulary draft model. Copy survival is kept apart by where the copied
+copied after), the llama.cpp verification-cost curve t(k)/t(1), and the draft/target step-cost
+ratio and per-token acceptance of the same-vocabulary draft model. Copy survival is kept apart by where the copied
 continuation lies: in the ``prompt`` (a code edit quoting its input: a 16-token match survives
 to depth 16 about 92 % of the time) or in the ``output`` so far (self-repetition, which breaks
 much sooner).
@@ -52,6 +52,12 @@ def copy_survival(bucket: int, depth: int, source: str = "prompt") -> tuple[floa
 def cost_curve() -> dict[int, float]:
     """Prior t(k)/t(1) of a llama.cpp verification pass over k tokens."""
     return {int(k): float(v) for k, v in _data().get("cost_curve", {}).items()}
+
+
+def draft_alpha() -> float | None:
+    """Prior per-token acceptance of the same-vocabulary draft model (greedy, teacher-forced)."""
+    a = (_data().get("draft") or {}).get("alpha")
+    return float(a) if a else None
 
 
 def draft_ratio() -> float | None:

@@ -1,0 +1,138 @@
+"""Cold start on toy Markov "models" (no weights): the model-drafter cost gate, catch-up in one
+batched pass, and saved knowledge (round trip across processes, corrupt files, reset)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from speclive.backends.base import Backend, BackendState
+from speclive.decoder import GenerationConfig, SpeculativeDecoder
+from speclive.drafting.model import GATE_STEPS, ModelDrafter
+
+V = 40
+
+
+class _Tok:
+    vocab_size = V
+    eos_ids: set[int] = set()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+    def encode(self, text, add_special_tokens=False):
+        return [int(x) % V for x in text.split() if x.isdigit()] or [1, 2]
+
+
+class MarkovLM(Backend):
+    """next(prev2, prev1) = (3*prev2 + 5*prev1 + 1) % V, unless ``wrong`` says otherwise; every
+    call sleeps ``sleep`` seconds whatever its length (a flat cost curve). Records the length of
+    every extension in ``calls``."""
+
+    kind = "fake"
+
+    def __init__(self, name: str, sleep: float, wrong: int | None = None):
+        self.name, self.sleep, self.wrong = name, sleep, wrong
+        self.tokenizer = _Tok()
+        self.vocab_size = V
+        self.n_ctx = 4096
+        self.calls: list[int] = []
+        super().__init__()
+
+    def next_token(self, prev2: int, prev1: int) -> int:
+        t = (3 * prev2 + 5 * prev1 + 1) % V
+        if self.wrong is not None and prev1 % self.wrong == 0:
+            t = (t + 1) % V
+        return t
+
+    def new_state(self) -> BackendState:
+        return BackendState()
+
+    def _extend(self, state, tokens, parents, last_only=False):
+        self.calls.append(len(tokens))
+        time.sleep(self.sleep)
+        prev = state.tokens[-1] if state.tokens else 0
+        rows = []
+        for i, t in enumerate(tokens):
+            if parents is None:
+                p2 = tokens[i - 1] if i > 0 else prev
+            else:
+                p2 = tokens[parents[i]] if parents[i] >= 0 else prev
+            row = np.zeros(V, dtype=np.float32)
+            row[self.next_token(p2, t)] = 5.0
+            rows.append(row)
+        out = np.stack(rows)
+        return out[-1:] if last_only else out
+
+    def _compact(self, state, keep_idx):
+        pass
+
+    def _truncate(self, state, n):
+        pass
+
+    def fork(self, state):
+        return BackendState(tokens=list(state.tokens))
+
+
+PROMPT = [3, 9, 4, 1, 8] * 20  # 100 tokens: a catch-up would be a real prefill
+
+
+def _run(target: Backend, drafter=None, n: int = 60) -> list[int]:
+    dec = SpeculativeDecoder(target, drafter)
+    return dec.run(PROMPT, GenerationConfig(max_tokens=n, ignore_eos=True)).token_ids
+
+
+def test_a_draft_model_that_cannot_pay_is_never_prefilled():
+    target = MarkovLM("target", sleep=0.004)
+    ref = _run(target)
+    draft = MarkovLM("slow-draft", sleep=0.004)  # as slow as the target: no k can win
+    d = ModelDrafter(draft)
+    said: list[str] = []
+    d.log = said.append
+    assert _run(target, d) == ref
+    # only the gate's timing steps ran on the draft model: no prefill, no catch-up, no draft
+    assert draft.calls == [1] * GATE_STEPS, draft.calls
+    assert d.gate_open is False and not d.state.tokens
+    assert len(said) == 1 and "not prefilled" in said[0] and "target steps" in said[0]
+    # a second generation with the same drafter: decided from the measurements, nothing runs
+    assert _run(target, d) == ref
+    assert draft.calls == [1] * GATE_STEPS and len(said) == 1
+
+
+def test_a_cheap_draft_model_passes_the_gate_and_drafts():
+    target = MarkovLM("target", sleep=0.004)
+    ref = _run(target)
+    draft = MarkovLM("cheap-draft", sleep=0.0002, wrong=7)
+    d = ModelDrafter(draft)
+    said: list[str] = []
+    d.log = said.append
+    dec = SpeculativeDecoder(target, d)
+    res = dec.run(PROMPT, GenerationConfig(max_tokens=60, ignore_eos=True))
+    assert res.token_ids == ref
+    assert d.gate_open is True and not said
+    assert res.stats.accepted > 0 and res.stats.target_forwards < 60
+
+
+def test_catch_up_after_a_pause_is_one_batched_pass():
+    target = MarkovLM("target", sleep=0.002)
+    draft = MarkovLM("cheap-draft", sleep=0.0002)
+    d = ModelDrafter(draft, window=None)
+    d.bind(target)
+    for k in range(1, 17):
+        target.cost.observe(k, 0.002)  # a flat verification cost: drafting pays
+    ctx = list(PROMPT)
+    d.begin(ctx)
+    assert len(d.propose(ctx, 8)) > 0  # gate open, first sync prefills the prompt in one pass
+    assert max(draft.calls) == len(PROMPT)
+    # drafting is off for a while (the controller switched it off); 30 tokens are committed
+    ctx += [(7 * i) % V for i in range(30)]
+    ctl = d.adaptive
+    ctl.alpha = 0.0  # nothing pays: off, probing with back-off
+    ctl._off_steps = ctl._backoff - 1
+    draft.calls.clear()
+    tree = d.propose(ctx, 8)
+    assert len(tree) == ctl.cfg.probe_len  # the probe
+    # the 30 missed tokens (+ the re-evaluated last one) came in one extend, then the drafting
+    assert draft.calls[0] >= 30 and all(c == 1 for c in draft.calls[1:]), draft.calls
+    assert d.state.tokens[: len(ctx)] == ctx
