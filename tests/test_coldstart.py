@@ -3,10 +3,16 @@ batched pass, and saved knowledge (round trip across processes, corrupt files, r
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
+import speclive
 from speclive.backends.base import Backend, BackendState
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
 from speclive.drafting.model import GATE_STEPS, ModelDrafter
@@ -136,3 +142,116 @@ def test_catch_up_after_a_pause_is_one_batched_pass():
     # the 30 missed tokens (+ the re-evaluated last one) came in one extend, then the drafting
     assert draft.calls[0] >= 30 and all(c == 1 for c in draft.calls[1:]), draft.calls
     assert d.state.tokens[: len(ctx)] == ctx
+
+
+# ------------------------------------------------------------------------------ saved knowledge
+def _copy_prompt() -> tuple[list[int], MarkovLM]:
+    """A prompt whose greedy continuation the toy target copies (its Markov chain cycles)."""
+    target = MarkovLM("target", sleep=0.0005)
+    prompt = [3, 9]
+    for _ in range(60):
+        prompt.append(target.next_token(prompt[-2], prompt[-1]))
+    return prompt, target
+
+
+def _learned_ngram(tmp_path) -> tuple[dict, Path]:
+    from speclive.drafting.ngram import NgramDrafter
+    from speclive.knowledge import KnowledgeStore
+
+    prompt, target = _copy_prompt()
+    d = NgramDrafter()
+    store = KnowledgeStore(target, d, "ngram", directory=tmp_path)
+    dec = SpeculativeDecoder(target, d, knowledge=store)
+    res = dec.run(prompt, GenerationConfig(max_tokens=60, ignore_eos=True))
+    assert res.stats.accepted > 0
+    assert store.path.is_file()
+    return json.loads(store.path.read_text()), store.path
+
+
+CHILD = """
+import json, sys
+from speclive.backends.base import CostModel
+from speclive.drafting.ngram import NgramDrafter
+from speclive.knowledge import KnowledgeStore
+
+class T:
+    name, kind = "target", "fake"
+    def __init__(self):
+        self.cost = CostModel()
+
+t, d = T(), NgramDrafter()
+d.bind(t)
+store = KnowledgeStore(t, d, "ngram", directory=sys.argv[1])
+print(json.dumps({"loaded": store.load(), "drafter": d.knowledge(), "cost": t.cost.state()}))
+"""
+
+
+def test_knowledge_round_trip_in_a_new_process(tmp_path):
+    saved, _ = _learned_ngram(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(Path(speclive.__file__).parents[1]))
+    env.pop("SPECLIVE_NO_KNOWLEDGE", None)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, env=env, check=True
+    )
+    child = json.loads(out.stdout)
+    assert child["loaded"] is True
+    assert child["drafter"] == saved["drafter"]  # the new process starts where the first stopped
+    assert child["cost"] == saved["target_cost"] and child["cost"]
+    # and it is not the prior state: something was learned
+    from speclive.drafting.ngram import NgramDrafter
+
+    assert NgramDrafter().knowledge() != saved["drafter"]
+
+
+def test_corrupt_or_foreign_knowledge_is_ignored_with_a_warning(tmp_path):
+    from speclive.drafting.ngram import NgramDrafter
+    from speclive.knowledge import KnowledgeStore
+
+    saved, path = _learned_ngram(tmp_path)
+    _, target = _copy_prompt()
+    fresh = NgramDrafter().knowledge()
+    for bad in (
+        "{ not json",
+        json.dumps({**saved, "version": 999}),
+        json.dumps({**saved, "key": {**saved["key"], "machine": "another"}}),
+        # fits the format but not the drafter: the first bucket loads, the second is broken
+        json.dumps({**saved, "drafter": {**saved["drafter"], "output_buckets": {"2": {"alpha": 7}}}}),
+    ):
+        path.write_text(bad)
+        said: list[str] = []
+        d = NgramDrafter()
+        store = KnowledgeStore(target, d, "ngram", directory=tmp_path, log=said.append)
+        assert store.load() is False
+        assert len(said) == 1 and "ignoring saved knowledge" in said[0], said
+        assert d.knowledge() == fresh  # nothing half-applied: the priors stand
+
+
+def test_knowledge_reset_and_cli(tmp_path, monkeypatch, capsys):
+    from speclive.cli import main
+    from speclive.knowledge import entries
+
+    monkeypatch.setenv("SPECLIVE_HOME", str(tmp_path))
+    _learned_ngram(tmp_path / "knowledge")
+    assert len(entries()) == 1
+    assert main(["knowledge", "show"]) == 0
+    assert "drafter=ngram" in capsys.readouterr().out
+    assert main(["knowledge", "reset"]) == 0
+    assert entries() == []
+
+
+def test_model_drafter_second_process_decides_from_saved_costs(tmp_path):
+    from speclive.knowledge import KnowledgeStore
+
+    target = MarkovLM("target", sleep=0.004)
+    ref = _run(target)
+    for run in range(2):  # two "processes": fresh drafter, draft backend and cost models
+        draft = MarkovLM("slow-draft", sleep=0.004)
+        if run:
+            target = MarkovLM("target", sleep=0.004)
+        d = ModelDrafter(draft)
+        d.log = lambda _m: None
+        dec = SpeculativeDecoder(target, d, knowledge=KnowledgeStore(target, d, "model", directory=tmp_path))
+        assert dec.run(PROMPT, GenerationConfig(max_tokens=60, ignore_eos=True)).token_ids == ref
+        assert d.gate_open is False
+        # the first process timed the draft model; the second knew its cost: nothing ran
+        assert draft.calls == ([1] * GATE_STEPS if run == 0 else []), draft.calls

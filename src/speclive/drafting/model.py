@@ -234,8 +234,8 @@ class ModelDrafter(Drafter):
         self.gate_reason = (
             f"speclive: {self.name} drafter off: a step of {self.draft.name} takes {1000 * t_d:.1f} ms = "
             f"{ctl.draft_ratio:.2f} target steps ({1000 * t_t:.1f} ms); at acceptance {ctl.alpha:.2f} "
-            f"the best draft length ({k}) would give {best:.2f}x of plain decoding (< {ctl.cfg.min_gain:.2f}x "
-            "needed): the draft model is not prefilled"
+            f"the best draft length ({k}) would give {best:.2f}x of plain decoding "
+            f"(< {ctl.cfg.min_gain:.2f}x needed): the draft model is not prefilled"
         )
         if not self._said:
             self._said = True

@@ -4,11 +4,11 @@ The numbers live in ``priors.json`` next to this module, written by
 ``benchmarks/calibrate_priors.py`` from committed benchmark results (see docs/coldstart.md for
 which result each number comes from): the copy-survival curve S_b(j) per match-length bucket
 (how often a copied continuation is accepted to depth j, by the length of the match it was
-copied after), the llama.cpp verification-cost curve t(k)/t(1), and the draft/target step-cost
-ratio and per-token acceptance of the same-vocabulary draft model. Copy survival is kept apart by where the copied
-continuation lies: in the ``prompt`` (a code edit quoting its input: a 16-token match survives
-to depth 16 about 92 % of the time) or in the ``output`` so far (self-repetition, which breaks
-much sooner).
+copied after), the llama.cpp verification-cost curve t(k)/t(1), and the draft/target
+step-cost ratio and per-token acceptance of the same-vocabulary draft model. Copy survival is
+kept apart by where the copied continuation lies: in the ``prompt`` (a code edit quoting its
+input: after a 16-token match a copy survives to depth 16 about 91 % of the time) or in the
+``output`` so far (self-repetition, which breaks much sooner).
 
 A saved knowledge file (``speclive.knowledge``) replaces these as soon as one process has
 learned on the machine.
