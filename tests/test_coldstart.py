@@ -255,3 +255,27 @@ def test_model_drafter_second_process_decides_from_saved_costs(tmp_path):
         assert d.gate_open is False
         # the first process timed the draft model; the second knew its cost: nothing ran
         assert draft.calls == ([1] * GATE_STEPS if run == 0 else []), draft.calls
+
+
+# ------------------------------------------------------------------------------ peers
+def test_llama_cpp_prompt_lookup_peer_is_greedy_and_drafts(llama_smol):
+    from speclive.bench.peers import LlamaCppPythonPeer, LlamaPromptLookupPeer
+    from speclive.models.resolve import resolve
+
+    gguf = resolve("smollm2-135m-instruct").gguf
+    tok = llama_smol.tokenizer
+    code = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+    ids = tok.chat([{"role": "user", "content": f"Repeat this code exactly:\n{code}"}])
+    plain = LlamaCppPythonPeer(gguf, tok.eos_ids, n_ctx=1024)
+    pld = LlamaPromptLookupPeer(gguf, tok.eos_ids, n_ctx=1024, num_pred_tokens=4)
+    try:
+        ref = plain.generate(ids, 40)
+        out = pld.generate(ids, 40)
+    finally:
+        plain.close()
+        pld.close()
+    # greedy: the same tokens until a near tie of the quantized kernels flips one (llama.cpp's
+    # logits depend on the batch shape; the decode benchmark analyses such divergences)
+    assert out.token_ids[:8] == ref.token_ids[:8]
+    assert out.extra["num_draft_tokens"] > 0
+    assert out.target_forwards is not None and out.target_forwards < len(out.token_ids)

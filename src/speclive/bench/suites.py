@@ -37,9 +37,11 @@ import numpy as np
 from speclive.backends.base import Backend, common_prefix_len
 from speclive.bench import report
 from speclive.bench.peers import (
+    LLAMACPP_PLD,
     VLLM_METHODS,
     HFGeneratePeer,
     LlamaCppPythonPeer,
+    LlamaPromptLookupPeer,
     Peer,
     PeerOutput,
     VllmPeer,
@@ -48,7 +50,7 @@ from speclive.bench.peers import (
 
 SETS: tuple[str, ...] = ("code-edit", "humaneval", "mtbench")
 OUR_METHODS: tuple[str, ...] = ("ar", "ngram", "model", "crossvocab")
-LLAMACPP_PEERS: tuple[str, ...] = ("llama-cpp-python",)
+LLAMACPP_PEERS: tuple[str, ...] = ("llama-cpp-python", *LLAMACPP_PLD)
 HF_PEERS: tuple[str, ...] = ("hf-generate", "hf-assisted", "hf-assisted-crossvocab", "hf-prompt-lookup")
 VLLM_PEERS: tuple[str, ...] = tuple(VLLM_METHODS)
 ALL_METHODS: tuple[str, ...] = OUR_METHODS + LLAMACPP_PEERS + HF_PEERS + VLLM_PEERS
@@ -428,7 +430,14 @@ def _local_runner(name: str, backend: str, target: Backend, ref: Any, opts: Deco
     if name in LLAMACPP_PEERS:
         if ref.gguf is None:
             return "the target has no GGUF file"
-        return PeerRunner(LlamaCppPythonPeer(ref.gguf, target.tokenizer.eos_ids, n_ctx=target.n_ctx))
+        eos = target.tokenizer.eos_ids
+        if name in LLAMACPP_PLD:
+            return PeerRunner(
+                LlamaPromptLookupPeer(
+                    ref.gguf, eos, n_ctx=target.n_ctx, num_pred_tokens=LLAMACPP_PLD[name], name=name
+                )
+            )
+        return PeerRunner(LlamaCppPythonPeer(ref.gguf, eos, n_ctx=target.n_ctx))
     if name in HF_PEERS:
         tok = target.tokenizer
         model = target.model  # type: ignore[attr-defined]
