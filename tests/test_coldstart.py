@@ -279,3 +279,32 @@ def test_llama_cpp_prompt_lookup_peer_is_greedy_and_drafts(llama_smol):
     assert out.token_ids[:8] == ref.token_ids[:8]
     assert out.extra["num_draft_tokens"] > 0
     assert out.target_forwards is not None and out.target_forwards < len(out.token_ids)
+
+
+def test_cold_methods_and_cold_vs_warm_table():
+    from speclive.bench.suites import Method, _cold_methods, cold_vs_warm
+
+    local = [
+        Method("ar", "llamacpp", "ours"),
+        Method("ngram", "llamacpp", "ours"),
+        Method("llama-cpp-pld", "llamacpp", "peer"),
+    ]
+    cold = _cold_methods(local)
+    assert [m.key for m in cold] == [
+        "ar@llamacpp/cold",
+        "ngram@llamacpp/cold",
+        "ngram+knowledge@llamacpp/cold",
+        "llama-cpp-pld@llamacpp/cold",
+    ]
+    assert [m.info["knowledge"] for m in cold] == [False, False, True, False]
+    summary = [
+        {"set": "s", "method": "ngram", "backend": "llamacpp", "decode_speedup": 1.6, "speedup": 1.3},
+        {"set": "s", "method": "ngram", "backend": "llamacpp/cold", "decode_speedup": 1.2, "speedup": 1.1},
+        {"set": "s", "method": "ngram+knowledge", "backend": "llamacpp/cold", "decode_speedup": 1.5},
+        {"set": "s", "method": "llama-cpp-pld", "backend": "llamacpp", "speedup": 0.9},
+        {"set": "s", "method": "llama-cpp-pld", "backend": "llamacpp/cold", "speedup": 0.8},
+    ]
+    rows = {(r["method"], r["knowledge"]): r for r in cold_vs_warm(summary)}
+    assert abs(rows[("ngram", False)]["cold_of_warm"] - 0.75) < 1e-9
+    assert abs(rows[("ngram", True)]["cold_gain_of_warm_gain"] - 5 / 6) < 1e-9
+    assert rows[("llama-cpp-pld", False)]["measure"] == "speedup"
