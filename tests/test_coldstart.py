@@ -239,7 +239,7 @@ def test_knowledge_reset_and_cli(tmp_path, monkeypatch, capsys):
     assert entries() == []
 
 
-def test_model_drafter_second_process_decides_from_saved_costs(tmp_path):
+def test_model_drafter_gate_in_a_second_process(tmp_path):
     from speclive.knowledge import KnowledgeStore
 
     target = MarkovLM("target", sleep=0.004)
@@ -253,8 +253,10 @@ def test_model_drafter_second_process_decides_from_saved_costs(tmp_path):
         dec = SpeculativeDecoder(target, d, knowledge=KnowledgeStore(target, d, "model", directory=tmp_path))
         assert dec.run(PROMPT, GenerationConfig(max_tokens=60, ignore_eos=True)).token_ids == ref
         assert d.gate_open is False
-        # the first process timed the draft model; the second knew its cost: nothing ran
-        assert draft.calls == ([1] * GATE_STEPS if run == 0 else []), draft.calls
+        # each process times the draft model (a few one-token steps) and never prefills it
+        assert draft.calls == [1] * GATE_STEPS, draft.calls
+        if run:  # the second process started from what the first learned
+            assert d.adaptive.state()["draft_ratio"] > 0.5
 
 
 # ------------------------------------------------------------------------------ peers

@@ -7,13 +7,14 @@ truncation stops a draft as soon as the draft model's top probability falls belo
 verification-cost curve and switches drafting off when it does not pay.
 
 **A draft model that cannot pay costs nothing.** Before its first draft of a generation the
-drafter compares its step cost with the target's: the draft model's single-step time (measured
-with three one-token steps on an empty cache when no earlier measurement or saved knowledge has
-it), the target's, the target's cost curve t(k)/t(1) and the acceptance estimate α (learned, or
-the calibrated prior of ``speclive.drafting.priors``). When no draft length k beats plain AR by
+drafter compares its step cost with the target's, both as measured in this process (saved
+timings may come from another machine load): the draft model's single-step time (three
+one-token steps on its empty cache, unless it has drafted in this process), the target's, the
+target's cost curve t(k)/t(1) and the acceptance estimate α (learned, saved, or the calibrated
+prior of ``speclive.drafting.priors``). When no draft length k beats plain AR by
 ``min_gain``, drafting stays off for the generation: the draft model is never prefilled nor
 caught up, and one stderr line says so with the numbers. Until the target's step time is known
-(the first step of a cold process) nothing is drafted. A later probe of a switched-off drafter
+(the first one-token step of a process) nothing is drafted. A later probe of a switched-off drafter
 catches the draft cache up in one batched ``extend`` (``Backend.sync``), and is skipped when even
 α = ``CEILING_ALPHA`` could not pay for that catch-up.
 
@@ -218,10 +219,11 @@ class ModelDrafter(Drafter):
         ctl = self.adaptive
         if ctl.cfg.fixed or self.target is None:
             return True
-        t_t = self.target.cost.unit_seconds()
-        if not t_t:
+        # both step times as measured in this process (saved ones may come from another load)
+        if not self.target.cost.observed.get(1):
             return None
-        if not self.draft.cost.step_seconds():
+        t_t = self.target.cost.step_seconds()
+        if not self.draft.cost.observed.get(1):
             if self.state.tokens:  # a cache in use: its next sync would pay for a reset
                 return True
             self._measure_draft_step(int(context[-1]))
