@@ -11,6 +11,9 @@ the same contexts, so their per-step decisions can be compared without timing no
 
 Prints per prompt and per set the decode speedup each drafter would reach on that curve
 (drafting time ignored: the suffix drafter's lookups are ~0.3% of a step).
+
+``--cold`` replays what one process per prompt does: a fresh drafter for every prompt, and a
+target whose cost model starts from the prior curve and learns from the replayed steps only.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 from speclive.backends.base import CostModel
 from speclive.bench.suites import load_prompts
 from speclive.drafting.ngram import NgramDrafter
+from speclive.drafting.priors import cost_curve
 from speclive.drafting.suffix import SuffixConfig, SuffixDrafter, load_datastore
 from speclive.loader import tokenizer_for
 from speclive.models.resolve import resolve
@@ -53,7 +57,10 @@ class CurveTarget:
         return self.cost._seconds[min(n, 64)]
 
 
-def replay(d, target: CurveTarget, prompt: list[int], ref: list[int]):
+def replay(d, target: CurveTarget, prompt: list[int], ref: list[int], timing: CurveTarget | None = None):
+    """Oracle decoding of ``ref``; step times from ``timing`` (default ``target``). When they
+    differ, ``target``'s cost model learns each step's time as a backend's would."""
+    timing = timing or target
     d.bind(target)
     ctx = list(prompt)
     d.begin(ctx)
@@ -65,8 +72,10 @@ def replay(d, target: CurveTarget, prompt: list[int], ref: list[int]):
         n = len(tree) if tree is not None else 0
         acc = tree.follow(ref[len(out) :]) if n else []
         new = ref[len(out) : len(out) + len(acc) + 1]
-        dt = target.seconds(n + 1)
+        dt = timing.seconds(n + 1)
         secs += dt
+        if timing is not target:
+            target.cost.observe(n + 1, dt)
         if n:
             d.feedback(tree, acc, new[-1])
             d.observe_step(tree.max_depth(), dt, len(new))
@@ -82,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--datastore", default=None)
     ap.add_argument("--no-free-probes", action="store_true")
     ap.add_argument("--steps", action="store_true", help="print the (drafted, accepted) steps")
+    ap.add_argument("--cold", action="store_true", help="a fresh drafter and cost model per prompt")
     args = ap.parse_args(argv)
     res = json.load(open(args.result))
     tok = tokenizer_for(resolve(res["header"]["target"]))
@@ -92,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     limit = res["header"]["settings"]["limit"]
     texts = {p["id"]: p["text"] for s in sets for p in load_prompts(s, limit)}
     store = load_datastore(args.datastore, target) if args.datastore else None  # type: ignore[arg-type]
-    drafters = {
-        "ngram": NgramDrafter(),  # the default: survival-mode buckets
-        "suffix": SuffixDrafter(store, SuffixConfig(free_probes=not args.no_free_probes)),
+    makers = {
+        "ngram": NgramDrafter,  # the default: survival-mode buckets
+        "suffix": lambda: SuffixDrafter(store, SuffixConfig(free_probes=not args.no_free_probes)),
     }
+    drafters = {m: f() for m, f in makers.items()}
     ar = [r for r in res["records"] if r["method"] == "ar" and r.get("backend") == "llamacpp"]
     for s in sets:
         tot = {m: [0.0, 0.0] for m in drafters}
@@ -104,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             ref = r["token_ids"]
             line = [s, r["prompt_id"]]
             for m, d in drafters.items():
-                steps, secs = replay(d, target, prompt, ref)
+                if args.cold:
+                    cold = CurveTarget(rows, tok)
+                    cold.cost = CostModel(cost_curve())
+                    steps, secs = replay(makers[m](), cold, prompt, ref, timing=target)
+                else:
+                    steps, secs = replay(d, target, prompt, ref)
                 tot[m][0] += len(ref) * t1
                 tot[m][1] += secs
                 line.append(f"{m} {len(ref) * t1 / secs:.3f}x ({len(steps)} passes)")

@@ -45,3 +45,58 @@ def test_buckets_learn_separately():
     assert long_b.length() == 8
     assert short_b.alpha < 0.05 and long_b.alpha > 0.95
 
+
+def _oracle_decode(d: NgramDrafter, prompt: list[int], truth: list[int]) -> list[tuple[int, int]]:
+    """Greedy oracle decoding of ``truth`` after ``prompt``: (drafted, accepted) per step."""
+    ctx = list(prompt)
+    d.begin(ctx)
+    steps = []
+    pos = 0
+    while pos < len(truth):
+        tree = d.propose(ctx, max(0, len(truth) - pos - 1))
+        path = tree.follow(truth[pos:])
+        new = [tree.tokens[i] for i in path] + [truth[pos + len(path)]]
+        if len(tree):
+            d.feedback(tree, path, new[-1])
+        steps.append((len(tree), len(path)))
+        ctx += new
+        pos += len(new)
+    return steps
+
+
+def test_cold_drafter_copies_a_long_prompt_passage_in_few_long_drafts():
+    """A fresh drafter (no learned state) on an answer that repeats 60 prompt tokens verbatim:
+    the long match against the prompt is drafted long from the first step, not grown."""
+    from speclive.drafting.priors import cost_curve
+
+    passage = list(range(1000, 1060))
+    prompt = [1, 2, 3, *passage, 4, 5]
+    # the answer starts with 16 tokens of the passage (cold: short drafts are fine while the
+    # match is short), then copies the rest of it
+    d = NgramDrafter()
+    d.bind(_Target())
+    for a in [*d.by_bucket.values(), *d.output_buckets.values()]:
+        a.target_cost = CostModel(cost_curve())  # a cold llama.cpp target: the prior curve only
+    steps = _oracle_decode(d, prompt, passage + [7, 8, 9])
+    # the first long draft comes as soon as the match reaches 8+ tokens (no growth 3, 4, 6, ...)
+    first_long = next(i for i, s in enumerate(steps) if s[0] >= 12)
+    assert sum(a + 1 for _, a in steps[:first_long]) <= 12, steps
+    assert sum(a for d_, a in steps if d_ >= 12) >= 40, steps  # the copy goes in long drafts
+    assert len(steps) <= 12, steps  # 63 tokens in at most 12 verification passes
+
+
+def test_output_self_matches_have_their_own_controllers():
+    d = NgramDrafter()
+    d.bind(_Target())
+    prompt = [50, 51, 52]
+    d.begin(prompt)
+    # the answer repeats a phrase of its own: the match lies in the output, not the prompt
+    ctx = prompt + [1, 2, 3, 4, 5, 9, 1, 2, 3, 4]
+    tree = d.propose(ctx, 16)
+    assert d.last_match >= 4
+    if len(tree):
+        d.feedback(tree, [], 0)
+    out_ctl = d.output_buckets[4]
+    assert d._last_ctl is out_ctl and d.by_bucket[4] is not out_ctl
+    # the calibrated prior trusts a copy of the prompt far more than a repetition of the output
+    assert d.by_bucket[16].survival_curve()[7] > d.output_buckets[16].survival_curve()[7] + 0.3

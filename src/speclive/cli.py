@@ -1,4 +1,4 @@
-"""The ``speclive`` command line: generate, models, bench, demo, transcribe."""
+"""The ``speclive`` command line: generate, models, knowledge, bench, demo, transcribe."""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="torch device of --backend hf (cpu, cuda, cuda:1, ...)")
     p.add_argument("--n-ctx", type=int, default=None, help="context window in tokens")
     p.add_argument("--datastore", default=None, help="global suffix datastore (--drafter suffix|hybrid*)")
+    p.add_argument(
+        "--no-knowledge",
+        action="store_true",
+        help="neither load nor save what the drafter learned ($SPECLIVE_HOME/knowledge; "
+        "see `speclive knowledge`)",
+    )
 
 
 def _build_decoder(args: argparse.Namespace):
@@ -41,7 +47,13 @@ def _build_decoder(args: argparse.Namespace):
         datastore=getattr(args, "datastore", None),
     )
     rule = make_rule(getattr(args, "accept", None), getattr(args, "temperature", 0.0))
-    return SpeculativeDecoder(target, drafter, rule)
+    knowledge = None
+    if drafter is not None and not getattr(args, "no_knowledge", False):
+        from speclive.knowledge import KnowledgeStore, disabled_by_env
+
+        if not disabled_by_env():
+            knowledge = KnowledgeStore(target, drafter, args.drafter)
+    return SpeculativeDecoder(target, drafter, rule, knowledge)
 
 
 def _prompt_ids(dec, args: argparse.Namespace) -> list[int]:
@@ -129,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     from speclive.models.cli import add_models_parser
 
     add_models_parser(sub)
+
+    from speclive.knowledge import add_knowledge_parser
+
+    add_knowledge_parser(sub)
 
     from speclive.bench.cli import add_bench_parser
     from speclive.demo import add_demo_parser

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from speclive.backends.base import Backend, BackendState, common_prefix_len
 from speclive.drafting.base import Drafter
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError, ContextOverflowError
+
+if TYPE_CHECKING:
+    from speclive.knowledge import KnowledgeStore
 
 
 @dataclass
@@ -123,10 +127,14 @@ class SpeculativeDecoder:
         target: Backend,
         drafter: Drafter | None = None,
         rule: AcceptanceRule | None = None,
+        knowledge: KnowledgeStore | None = None,
     ):
         self.target = target
         self.drafter = drafter
         self.rule = rule
+        #: saved controller state: loaded before the first generation, saved after each one
+        self.knowledge = knowledge if drafter is not None else None
+        self._knowledge_loaded = False
         self.state: BackendState = target.new_state()
         self.last_stats = GenerationStats()
 
@@ -173,6 +181,8 @@ class SpeculativeDecoder:
         finally:
             if self.drafter is not None:
                 self.drafter.end()  # stops background drafting, restores backend settings
+            if self.knowledge is not None and self.last_stats.target_forwards:
+                self.knowledge.save()
 
     def _generate(
         self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
@@ -210,6 +220,9 @@ class SpeculativeDecoder:
         hold = max((len(s) for s in cfg.stop), default=1) - 1
         if self.drafter is not None:
             self.drafter.bind(self.target)
+            if self.knowledge is not None and not self._knowledge_loaded:
+                self._knowledge_loaded = True
+                self.knowledge.load()
             self.drafter.begin(context)
 
         while True:

@@ -60,12 +60,35 @@ class CostModel:
         self.alpha = alpha
         self._prior = dict(prior or {1: 1.0, 2: 1.7, 4: 2.5, 8: 4.5, 16: 7.5, 32: 13.0, 64: 26.0})
         self._seconds: dict[int, float] = {}
+        #: timings observed in this process per k (restored measurements are not counted)
+        self.observed: dict[int, int] = {}
 
     def observe(self, k: int, seconds: float) -> None:
         if k < 1 or k > self.max_k:
             return
-        old = self._seconds.get(k)
+        # a restored measurement (another process, another load) only stands in until this
+        # process has timed k once
+        n = self.observed.get(k, 0)
+        old = self._seconds.get(k) if n else None
         self._seconds[k] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+        self.observed[k] = n + 1
+
+    def set_seconds(self, k: int, seconds: float) -> None:
+        """Replace the estimate of t(k) (a deliberate measurement, not one more sample)."""
+        if 1 <= k <= self.max_k and seconds > 0:
+            self._seconds[k] = float(seconds)
+            self.observed[k] = max(1, self.observed.get(k, 0))
+
+    def state(self) -> dict[str, float]:
+        """The measured t(k) in seconds, keyed by k (JSON-able; ``load_state`` restores it)."""
+        return {str(k): v for k, v in sorted(self._seconds.items())}
+
+    def load_state(self, data: dict[str, float]) -> None:
+        """Restore ``state()`` output; raises ``ValueError`` on a malformed entry (nothing changed)."""
+        seconds = {int(k): float(v) for k, v in data.items()}
+        if any(not 1 <= k <= self.max_k or not v > 0 for k, v in seconds.items()):
+            raise ValueError(f"bad cost measurements: {data}")
+        self._seconds = seconds
 
     def step_seconds(self) -> float | None:
         """Measured seconds of one single-token step, if seen."""

@@ -243,7 +243,10 @@ class LlamaCppBackend(Backend):
         self.close()
 
     def default_cost_prior(self) -> dict[int, float] | None:
-        return dict(LLAMACPP_COST_PRIOR)
+        from speclive.drafting.priors import cost_curve
+
+        # calibrated from the committed decode benchmarks (docs/coldstart.md)
+        return cost_curve() or dict(LLAMACPP_COST_PRIOR)
 
     # ---- states ---------------------------------------------------------------------
     def new_state(self) -> LlamaCppState:
@@ -510,7 +513,15 @@ class LlamaCppBackend(Backend):
 class LlamaReference:
     """llama-cpp-python's own ``Llama`` object, used as the peer generator in comparisons."""
 
-    def __init__(self, gguf_path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int | None = None):
+    def __init__(
+        self,
+        gguf_path: str | os.PathLike[str],
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        draft_model: Any = None,
+    ):
+        """``draft_model``: llama-cpp-python's own speculative drafter (a ``LlamaDraftModel``,
+        e.g. ``LlamaPromptLookupDecoding``), passed to ``Llama(draft_model=...)``."""
         _lib()
         from llama_cpp import Llama
 
@@ -523,6 +534,7 @@ class LlamaReference:
             logits_all=False,
             flash_attn=False,
             verbose=False,
+            draft_model=draft_model,
         )
 
     def greedy(

@@ -89,6 +89,12 @@ def add_bench_parser(subparsers: Any) -> None:
     d.add_argument("--no-warmup", action="store_true")
     d.add_argument("--no-plot", action="store_true")
     d.add_argument("--no-progress", action="store_true")
+    d.add_argument(
+        "--cold",
+        action="store_true",
+        help="also run every local method cold: a fresh process and drafter per prompt, without and "
+        "(our drafters) with saved knowledge, side by side with the warm run",
+    )
     d.add_argument("--vllm-k", type=int, default=None, help="num_speculative_tokens of the vLLM methods")
     d.add_argument(
         "--vllm-eager",
@@ -301,6 +307,8 @@ def decode_command(args: argparse.Namespace) -> str:
         parts += ["--curve-ks", ",".join(map(str, args.curve_ks)), "--curve-repeats", str(args.curve_repeats)]
     if args.near_tie != 0.5:
         parts += ["--near-tie", str(args.near_tie)]
+    if getattr(args, "cold", False):
+        parts.append("--cold")
     if args.vllm_k is not None:
         parts += ["--vllm-k", str(args.vllm_k)]
     for flag in ("no_gap_check", "no_warmup", "vllm_eager"):
@@ -339,6 +347,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         plot=not args.no_plot,
         vllm_k=args.vllm_k,
         vllm_eager=getattr(args, "vllm_eager", False),
+        cold=getattr(args, "cold", False),
         command=decode_command(args),
     )
     try:

@@ -5,6 +5,11 @@ way as our decoder: wall time of the whole call, prefill included, end-of-sequen
 counted.
 
 - ``LlamaCppPythonPeer``: llama-cpp-python's own ``Llama.generate`` on the same GGUF file.
+- ``LlamaPromptLookupPeer``: the same with llama-cpp-python's own prompt-lookup drafting
+  (``LlamaPromptLookupDecoding`` passed as ``draft_model=`` to ``Llama``), the speculative
+  decoding a llama.cpp user picks first. ``num_pred_tokens`` 2 is what its documentation
+  recommends for CPU-only machines (10, its default, for GPUs). It counts the target's ``eval``
+  calls (τ) and the drafted tokens.
 - ``HFGeneratePeer``: transformers ``model.generate(do_sample=False)``, optionally with an
   ``assistant_model`` (assisted generation; with two tokenizers: universal assisted generation)
   or ``prompt_lookup_num_tokens`` (prompt lookup decoding). It counts target forwards with a
@@ -89,6 +94,71 @@ class LlamaCppPythonPeer(Peer):
         wall = time.perf_counter() - t0
         out, why = strip_eos(ids, self.eos, max_tokens)
         return PeerOutput(out, wall, target_forwards=len(ids), finish_reason=why)
+
+    def close(self) -> None:
+        self.ref.close()
+
+
+#: method name -> num_pred_tokens of llama-cpp-python's prompt-lookup drafting
+LLAMACPP_PLD: dict[str, int] = {"llama-cpp-pld": 2, "llama-cpp-pld10": 10}
+
+
+class LlamaPromptLookupPeer(Peer):
+    """llama-cpp-python with ``draft_model=LlamaPromptLookupDecoding(...)`` (module docstring)."""
+
+    backend = "llamacpp"
+
+    def __init__(
+        self,
+        gguf: str | os.PathLike[str],
+        eos_ids: Collection[int],
+        n_ctx: int = 4096,
+        threads: int | None = None,
+        num_pred_tokens: int = 2,
+        max_ngram_size: int = 2,
+        name: str = "llama-cpp-pld",
+    ):
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        from speclive.backends.llamacpp import LlamaReference
+
+        self.name = name
+        self.drafted = 0
+        pld = LlamaPromptLookupDecoding(max_ngram_size=max_ngram_size, num_pred_tokens=num_pred_tokens)
+
+        def draft(input_ids: Any, /, **kw: Any) -> Any:
+            out = pld(input_ids, **kw)
+            self.drafted += len(out)
+            return out
+
+        self.ref = LlamaReference(gguf, n_ctx=n_ctx, n_threads=threads, draft_model=draft)
+        llm = self.ref.llm
+        self.evals = 0
+        plain_eval = llm.eval
+
+        def counted_eval(tokens: Any) -> Any:
+            self.evals += 1
+            return plain_eval(tokens)
+
+        llm.eval = counted_eval  # type: ignore[method-assign]
+        self.eos = set(int(t) for t in eos_ids)
+        self.num_pred_tokens = num_pred_tokens
+
+    def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> PeerOutput:
+        self.evals = self.drafted = 0
+        t0 = time.perf_counter()
+        ids = self.ref.greedy(prompt_ids, max_tokens, stop_ids=self.eos)
+        wall = time.perf_counter() - t0
+        out, why = strip_eos(ids, self.eos, max_tokens)
+        # evals: the prompt's (one call), then one per verification, each committing the
+        # accepted drafts + 1 token
+        forwards = max(1, self.evals - 1)
+        extra = {
+            "num_draft_tokens": self.drafted,
+            "num_accepted_tokens": max(0, len(out) - forwards),
+            "num_pred_tokens": self.num_pred_tokens,
+        }
+        return PeerOutput(out, wall, target_forwards=forwards, finish_reason=why, extra=extra)
 
     def close(self) -> None:
         self.ref.close()

@@ -249,6 +249,7 @@ def peer_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
     from speclive.bench.suites import OUR_METHODS, TALON_METHODS
 
     ours_names = set(OUR_METHODS) | set(TALON_METHODS)
+    rows = [r for r in rows if "/cold" not in r["backend"]]  # cold runs have their own table
     ours = [r for r in rows if r["method"] in ours_names and r.get("e2e_tps")]
     peers = [r for r in rows if r["method"] not in ours_names and r.get("e2e_tps")]
     if not ours or not peers:
@@ -305,6 +306,32 @@ def decode_markdown(result: Mapping[str, Any]) -> str:
         versus = peer_comparison(rows)
         if versus:
             lines += [versus, ""]
+    cvw = result.get("cold_vs_warm")
+    if cvw:
+        lines += [
+            "## cold vs warm",
+            "",
+            "*warm*: one drafter per method across the prompt set (the tables above); *cold*: a fresh "
+            "process and drafter per prompt, its speedup over `ar` run the same way; *+knowledge*: "
+            "cold, loading what earlier cold processes saved (`speclive knowledge`); *cold/warm*: "
+            "ratio of the speedups; *gain kept*: (cold − 1) / (warm − 1). Decode speedups where "
+            "measured, end-to-end ones for peers.",
+            "",
+            md_table(
+                [
+                    ("set", "set", 0),
+                    ("method", "method", 0),
+                    ("knowledge", "saved knowledge", 0),
+                    ("measure", "measure", 0),
+                    ("warm", "warm", 2),
+                    ("cold", "cold", 2),
+                    ("cold_of_warm", "cold/warm", 2),
+                    ("cold_gain_of_warm_gain", "gain kept", 2),
+                ],
+                [{**r, "knowledge": "yes" if r["knowledge"] else "no"} for r in cvw],
+            ),
+            "",
+        ]
     bugs = result.get("bugs", [])
     if bugs:
         lines += ["## BUGS: divergences from AR at a clear logit gap", ""]

@@ -24,8 +24,10 @@ Bounds (decode only, prefill excluded), with r(k) = t(k)/t(1) the measured cost 
 from __future__ import annotations
 
 import math
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,9 +39,11 @@ import numpy as np
 from speclive.backends.base import Backend, common_prefix_len
 from speclive.bench import report
 from speclive.bench.peers import (
+    LLAMACPP_PLD,
     VLLM_METHODS,
     HFGeneratePeer,
     LlamaCppPythonPeer,
+    LlamaPromptLookupPeer,
     Peer,
     PeerOutput,
     VllmPeer,
@@ -48,7 +52,7 @@ from speclive.bench.peers import (
 
 SETS: tuple[str, ...] = ("code-edit", "humaneval", "mtbench")
 OUR_METHODS: tuple[str, ...] = ("ar", "ngram", "model", "crossvocab")
-LLAMACPP_PEERS: tuple[str, ...] = ("llama-cpp-python",)
+LLAMACPP_PEERS: tuple[str, ...] = ("llama-cpp-python", *LLAMACPP_PLD)
 HF_PEERS: tuple[str, ...] = ("hf-generate", "hf-assisted", "hf-assisted-crossvocab", "hf-prompt-lookup")
 VLLM_PEERS: tuple[str, ...] = tuple(VLLM_METHODS)
 ALL_METHODS: tuple[str, ...] = OUR_METHODS + LLAMACPP_PEERS + HF_PEERS + VLLM_PEERS
@@ -250,7 +254,12 @@ class OurRunner:
     """speclive's ``SpeculativeDecoder`` with one drafter (kept across prompts, like a server)."""
 
     def __init__(
-        self, target: Backend, drafter_name: str, max_draft: int | None = None, datastore: str | None = None
+        self,
+        target: Backend,
+        drafter_name: str,
+        max_draft: int | None = None,
+        datastore: str | None = None,
+        knowledge_dir: Path | None = None,
     ):
         from speclive.loader import make_drafter
 
@@ -261,11 +270,21 @@ class OurRunner:
             if drafter_name == "ar"
             else make_drafter(drafter_name, target, max_len=max_draft, datastore=datastore)
         )
+        #: saved knowledge (``speclive.knowledge``) in this directory: loaded once, saved per run
+        self.knowledge = None
+        if knowledge_dir is not None and self.drafter is not None:
+            from speclive.knowledge import KnowledgeStore
+
+            self.knowledge = KnowledgeStore(target, self.drafter, drafter_name, directory=knowledge_dir)
+            self.knowledge.load()
 
     def run(self, prompt_ids: Sequence[int], max_tokens: int) -> dict[str, Any]:
         from speclive.decoder import GenerationConfig, SpeculativeDecoder
 
         dec = SpeculativeDecoder(self.target, self.drafter)
+        if self.knowledge is not None:
+            dec.knowledge = self.knowledge  # loaded in __init__; saved after the generation
+            dec._knowledge_loaded = True
         out: list[int] = []
         steps: list[list[int]] = []
         try:
@@ -409,10 +428,17 @@ class DecodeOptions:
     datastore: str | None = None
     #: per backend, the only methods run there (None: every method on every backend)
     backend_methods: Mapping[str, Sequence[str]] | None = None
+    #: also run every local method cold: a fresh process and drafter per prompt, without and
+    #: (our drafters) with saved knowledge (``speclive.bench.coldrun``)
+    cold: bool = False
+    cold_timeout_s: float = 900.0
 
 
-def _local_runner(name: str, backend: str, target: Backend, ref: Any, opts: DecodeOptions) -> Any:
-    """The runner of one non-vLLM method on ``backend``; a str says why it does not apply."""
+def _local_runner(
+    name: str, backend: str, target: Backend, ref: Any, opts: DecodeOptions, knowledge_dir: Path | None = None
+) -> Any:
+    """The runner of one non-vLLM method on ``backend``; a str says why it does not apply.
+    ``knowledge_dir``: our drafters load and save their knowledge there (``--cold``)."""
     from speclive.loader import DEFAULT_CROSS_DRAFT, DEFAULT_DRAFT, load_backend
 
     if (name in LLAMACPP_PEERS and backend != "llamacpp") or (name in HF_PEERS and backend != "hf"):
@@ -424,11 +450,18 @@ def _local_runner(name: str, backend: str, target: Backend, ref: Any, opts: Deco
     if name in ("crossvocab", "hf-assisted-crossvocab") and not cross_ok:
         return "the cross-vocabulary draft would be the target itself"
     if name in OUR_METHODS or name in TALON_METHODS:
-        return OurRunner(target, name, opts.max_draft, opts.datastore)
+        return OurRunner(target, name, opts.max_draft, opts.datastore, knowledge_dir)
     if name in LLAMACPP_PEERS:
         if ref.gguf is None:
             return "the target has no GGUF file"
-        return PeerRunner(LlamaCppPythonPeer(ref.gguf, target.tokenizer.eos_ids, n_ctx=target.n_ctx))
+        eos = target.tokenizer.eos_ids
+        if name in LLAMACPP_PLD:
+            return PeerRunner(
+                LlamaPromptLookupPeer(
+                    ref.gguf, eos, n_ctx=target.n_ctx, num_pred_tokens=LLAMACPP_PLD[name], name=name
+                )
+            )
+        return PeerRunner(LlamaCppPythonPeer(ref.gguf, eos, n_ctx=target.n_ctx))
     if name in HF_PEERS:
         tok = target.tokenizer
         model = target.model  # type: ignore[attr-defined]
@@ -560,6 +593,8 @@ def _rotate(items: Sequence[Method], i: int) -> list[Method]:
 
 
 def _label(m: Method, multi_backend: bool) -> str:
+    if m.kind == "cold":
+        return f"{m.name} [cold]"
     return f"{m.name} [{m.backend}]" if multi_backend and m.kind != "vllm" else m.name
 
 
@@ -575,6 +610,8 @@ def run_decode_bench(opts: DecodeOptions, log: Log = _stderr) -> dict[str, Any]:
     ours_peers = [m for m in methods if m.kind != "vllm"]
     vllm_methods = [m for m in methods if m.kind == "vllm"]
     multi = len(opts.backends) > 1
+    cold_methods = _cold_methods(ours_peers) if opts.cold else []
+    knowledge_root = Path(tempfile.mkdtemp(prefix="speclive-knowledge-")) if cold_methods else None
 
     prompts: dict[str, list[dict[str, Any]]] = {}
     for s in opts.sets:
@@ -601,7 +638,7 @@ def run_decode_bench(opts: DecodeOptions, log: Log = _stderr) -> dict[str, Any]:
             "warmup": opts.warmup,
             "order": "methods interleaved per prompt, rotated by prompt index",
         },
-        "methods": [m.key for m in methods],
+        "methods": [m.key for m in methods] + [m.key for m in cold_methods],
         "skipped": skipped,
         "command": opts.command,
     }
@@ -619,6 +656,15 @@ def run_decode_bench(opts: DecodeOptions, log: Log = _stderr) -> dict[str, Any]:
                 log(f"warning: {skipped[-1]}")
         dead = {s.split(":")[0] for s in skipped}
         ours_peers = [m for m in ours_peers if m.key not in dead]
+        # the cold runs with knowledge start from what one warm-up process saved, as the warm
+        # run's drafters start from their warm-up
+        for m in cold_methods:
+            if m.info.get("knowledge"):
+                ids = targets[m.info["backend"]].tokenizer.chat([{"role": "user", "content": WARMUP_PROMPT}])
+                try:
+                    _cold_record(m, ids, min(16, opts.max_tokens), opts, knowledge_root)
+                except Exception as e:  # noqa: BLE001 - the measured runs will report it
+                    log(f"warning: {m.key} failed in warm-up: {e}")
 
     records: list[dict[str, Any]] = []
     divergences: list[dict[str, Any]] = []
@@ -626,19 +672,23 @@ def run_decode_bench(opts: DecodeOptions, log: Log = _stderr) -> dict[str, Any]:
     if opts.progress:
         from tqdm import tqdm
 
-        total = sum(len(v) for v in prompts.values()) * len(ours_peers)
+        total = sum(len(v) for v in prompts.values()) * (len(ours_peers) + len(cold_methods))
         bar = tqdm(total=total, desc="decode", file=sys.stderr, dynamic_ncols=True)
     i_prompt = 0
     try:
         for set_name, rows in prompts.items():
             for row in rows:
                 by_key: dict[str, dict[str, Any]] = {}
-                for m in _rotate(ours_peers, i_prompt):
+                # the warm methods interleaved as always, then each cold method (one process each)
+                for m in _rotate(ours_peers, i_prompt) + _rotate(cold_methods, i_prompt):
                     if bar is not None:
                         bar.set_postfix_str(f"{set_name} {row['id']} {m.key}")
-                    ids = row["ids"][m.backend]
+                    ids = row["ids"][m.info.get("backend", m.backend)]
                     try:
-                        rec = m.runner.run(ids, opts.max_tokens)
+                        if m.kind == "cold":
+                            rec = _cold_record(m, ids, opts.max_tokens, opts, knowledge_root)
+                        else:
+                            rec = m.runner.run(ids, opts.max_tokens)
                     except Exception as e:  # noqa: BLE001 - recorded and counted as an error
                         rec = {"error": f"{type(e).__name__}: {e}"}
                         log(f"warning: {m.key} failed on {row['id']}: {rec['error']}")
@@ -654,7 +704,8 @@ def run_decode_bench(opts: DecodeOptions, log: Log = _stderr) -> dict[str, Any]:
                     if "token_ids" in rec:
                         rec["new_tokens"] = len(rec["token_ids"])
                         rec["e2e_tps"] = rec["new_tokens"] / rec["wall_s"] if rec["wall_s"] > 0 else None
-                        rec["text"] = targets[m.backend].tokenizer.decode(rec["token_ids"])
+                        tok = targets[m.info.get("backend", m.backend)].tokenizer
+                        rec["text"] = tok.decode(rec["token_ids"])
                     by_key[m.key] = rec
                     records.append(rec)
                     if bar is not None:
@@ -706,6 +757,8 @@ def run_decode_bench(opts: DecodeOptions, log: Log = _stderr) -> dict[str, Any]:
                 "rows": [{"k": k, "ms": None, "ratio": v, "per_token_ms": None} for k, v in ratios.items()],
             }
 
+    if knowledge_root is not None:
+        shutil.rmtree(knowledge_root, ignore_errors=True)
     summary, ceilings = summarize(records, curves)
     bugs = [d for d in divergences if d.get("verdict") == "bug"]
     for row in summary:  # labels for plots
@@ -720,6 +773,14 @@ def run_decode_bench(opts: DecodeOptions, log: Log = _stderr) -> dict[str, Any]:
         "records": records,
         "notes": notes,
     }
+    if cold_methods:
+        result["cold_vs_warm"] = cold_vs_warm(summary)
+        notes.append(
+            "cold: a fresh process and drafter per (method, prompt), timed from the generation call "
+            "(model loading excluded); speedups of cold methods are over `ar` run cold the same way; "
+            "+knowledge runs load and save the drafter's knowledge in a directory private to this "
+            "benchmark, seeded by one warm-up process"
+        )
     if bugs:
         report.loud(
             [f"{len(bugs)} divergence(s) from AR at a clear logit gap (>= {opts.near_tie}): BUG"]
@@ -761,11 +822,10 @@ def _check_exactness(
             "ref_token": ref[pos] if pos < len(ref) else None,
             "method_token": out[pos] if pos < len(out) else None,
         }
-        if opts.gap_check and rec["backend"] in targets:
+        real = base_backend(rec["backend"])
+        if opts.gap_check and real in targets:
             try:
-                g = ar_logit_gap(
-                    targets[rec["backend"]], row["ids"][rec["backend"]], ref, pos, d["method_token"]
-                )
+                g = ar_logit_gap(targets[real], row["ids"][real], ref, pos, d["method_token"])
                 d.update(g)
                 d["verdict"] = "near-tie" if g["gap_top2"] < opts.near_tie else "bug"
                 if d["verdict"] == "bug":
@@ -855,6 +915,79 @@ def _check_vllm_exactness(records: Sequence[dict[str, Any]]) -> list[dict[str, A
     return found
 
 
+# ------------------------------------------------------------------------------------ cold runs
+#: suffix of a cold method that loads and saves saved knowledge
+COLD_KNOWLEDGE = "+knowledge"
+#: suffix of the backend label of cold runs
+COLD_BACKEND = "/cold"
+
+
+def base_backend(backend: str) -> str:
+    """The backend a (possibly cold) record ran on: ``llamacpp/cold`` -> ``llamacpp``."""
+    return backend.split("/", 1)[0]
+
+
+def _cold_methods(local: Sequence[Method]) -> list[Method]:
+    """Every local method once more cold (backend ``<b>/cold``, its own ``ar`` the baseline), and
+    our drafters a third time cold with saved knowledge (``<name>+knowledge``)."""
+    out: list[Method] = []
+    for m in local:
+        info = {**m.info, "backend": m.backend, "base": m.name, "knowledge": False}
+        out.append(Method(m.name, m.backend + COLD_BACKEND, "cold", None, info))
+        if m.kind == "ours" and method_base(m.name) != "ar":
+            info = {**info, "knowledge": True}
+            out.append(Method(m.name + COLD_KNOWLEDGE, m.backend + COLD_BACKEND, "cold", None, info))
+    return out
+
+
+def _cold_record(
+    m: Method, ids: Sequence[int], max_tokens: int, opts: DecodeOptions, knowledge_root: Path | None
+) -> dict[str, Any]:
+    from speclive.bench.coldrun import run_cold
+
+    job: dict[str, Any] = {
+        "target": opts.target,
+        "backend": m.info["backend"],
+        "method": method_base(m.info["base"]),
+        "prompt_ids": [int(t) for t in ids],
+        "max_tokens": max_tokens,
+        "max_draft": opts.max_draft,
+        "datastore": opts.datastore,
+    }
+    if m.info.get("knowledge") and knowledge_root is not None:
+        job["knowledge_dir"] = str(knowledge_root / m.info["base"].replace("#", "_"))
+    return run_cold(job, opts.cold_timeout_s)
+
+
+def cold_vs_warm(summary: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per set and method: the warm speedup and the cold ones (decode speedup where known,
+    else end-to-end), and the cold/warm ratio of the speedups."""
+    warm = {(r["set"], r["method"], r["backend"]): r for r in summary if COLD_BACKEND not in r["backend"]}
+    rows = []
+    for r in summary:
+        if COLD_BACKEND not in r["backend"] or r["method"] == "ar":
+            continue
+        base = r["method"].split(COLD_KNOWLEDGE)[0]
+        w = warm.get((r["set"], base, base_backend(r["backend"])))
+        if w is None:
+            continue
+        col = "decode_speedup" if r.get("decode_speedup") and w.get("decode_speedup") else "speedup"
+        ws, cs = w.get(col), r.get(col)
+        rows.append(
+            {
+                "set": r["set"],
+                "method": base,
+                "knowledge": r["method"].endswith(COLD_KNOWLEDGE),
+                "measure": col,
+                "warm": ws,
+                "cold": cs,
+                "cold_of_warm": cs / ws if ws and cs else None,
+                "cold_gain_of_warm_gain": (cs - 1) / (ws - 1) if ws and cs and ws > 1.0 else None,
+            }
+        )
+    return rows
+
+
 # ------------------------------------------------------------------------------------ summary
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 and num > 0 else None
@@ -865,6 +998,9 @@ def summarize(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per (set, method) rows of the decode benchmark, and the α = 1 ceiling per backend."""
     curve_fns = {b: CostCurve(c["ratios"]) for b, c in curves.items() if c.get("ratios")}
+    for r in records:  # cold runs of a backend are bounded by its curve
+        if base_backend(r["backend"]) in curve_fns:
+            curve_fns.setdefault(r["backend"], curve_fns[base_backend(r["backend"])])
     ceilings = {}
     for b, c in curves.items():
         if b in curve_fns and c.get("ratios"):
@@ -946,7 +1082,9 @@ def summarize(
         key=lambda r: (
             list(dict.fromkeys(x["set"] for x in records)).index(r["set"]),
             backends_order.get(r["backend"], 9),
-            order.get(r["method"], 99),
+            r["backend"],
+            order.get(r["method"].split(COLD_KNOWLEDGE)[0], 99),
+            r["method"],
         )
     )
     for r in rows:

@@ -21,8 +21,12 @@ tokens kept per step are far from geometric and the model keeps drafts too short
 ``survival=True`` the controller also learns the survival curve S(j) = P(depth j is accepted)
 itself: a Kaplan-Meier estimate from decayed counts of how many drafts reached depth j and how
 many failed there (a fully accepted draft is a censored observation), shrunk towards the
-geometric curve of the current α where few drafts reached that deep. Then
+geometric curve of the current α where few drafts reached that deep (or towards a calibrated
+prior curve ``prior_survival``, see ``speclive.drafting.priors``). Then
 E[tokens | k] = 1 + S(1) + ... + S(k).
+
+``state()`` / ``load_state()`` export and restore what a controller has learned, so a new
+process can start from it (``speclive.knowledge``).
 """
 
 from __future__ import annotations
@@ -55,8 +59,11 @@ class AdaptiveConfig:
     survival: bool = False
     #: per-update decay of the survival counts (memory of roughly 1/decay drafts)
     survival_decay: float = 0.05
-    #: pseudo-drafts of the geometric α curve mixed into each depth's estimate
+    #: pseudo-drafts of the prior curve mixed into each depth's estimate
     survival_prior: float = 2.0
+    #: prior S(1..max_len) the survival estimate shrinks towards (None: geometric at α); it
+    #: holds at α = ``prior_alpha``, its hazards scale with 1 - α as α is learned
+    prior_survival: tuple[float, ...] | None = None
 
 
 class AdaptiveLength:
@@ -120,9 +127,17 @@ class AdaptiveLength:
         """Estimated S(1..max_len): the probability that draft depth j is accepted."""
         a = min(max(self.alpha, 0.0), 0.999)
         w = self.cfg.survival_prior
+        prior = self.cfg.prior_survival
         out, s = [], 1.0
+        # a prior curve holds at the prior acceptance; as the learned α moves away from it the
+        # prior hazards scale with 1 - α, so what shallow depths teach reaches the deep ones
+        scale = (1.0 - a) / max(1.0 - min(self.cfg.prior_alpha, 0.999), 1e-3)
         for j in range(1, self.cfg.max_len + 1):
-            hazard = (self._fail[j] + w * (1.0 - a)) / (self._reach[j] + w)
+            h0 = 1.0 - a
+            if prior is not None and j <= len(prior):
+                before = prior[j - 2] if j >= 2 else 1.0
+                h0 = min(1.0, (1.0 - prior[j - 1] / before if before > 0 else 1.0) * scale)
+            hazard = (self._fail[j] + w * h0) / (self._reach[j] + w)
             s *= 1.0 - min(max(hazard, 0.0), 1.0)
             out.append(s)
         return out
@@ -166,6 +181,42 @@ class AdaptiveLength:
             self._backoff = min(self._backoff * 2, 256)
             return self.cfg.probe_len
         return 0
+
+    def state(self) -> dict:
+        """What this controller has learned, as plain JSON-able values (``load_state`` inverse)."""
+        return {
+            "alpha": self.alpha,
+            "draft_ratio": self.draft_ratio,
+            "obs_s": self._obs_s,
+            "pred_s": self._pred_s,
+            "reach": list(self._reach),
+            "fail": list(self._fail),
+            "off": self.off,
+            "backoff": self._backoff,
+        }
+
+    def load_state(self, st: dict) -> None:
+        """Restore ``state()`` output; a malformed entry raises ``ValueError`` (nothing changed)."""
+        n = self.cfg.max_len + 1
+        reach = [float(x) for x in st.get("reach", [])]
+        fail = [float(x) for x in st.get("fail", [])]
+        if reach and (len(reach) != len(fail) or any(x < 0 for x in reach + fail)):
+            raise ValueError("survival counts must be two equally long lists of counts >= 0")
+        alpha = float(st["alpha"])
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"acceptance estimate {alpha} outside [0, 1]")
+        obs, pred = st.get("obs_s"), st.get("pred_s")
+        backoff = int(st.get("backoff", self.cfg.probe_after))
+        draft_ratio = max(0.0, float(st.get("draft_ratio", 0.0)))
+        self.alpha = alpha
+        self.draft_ratio = draft_ratio
+        self._obs_s = float(obs) if obs else None
+        self._pred_s = float(pred) if pred else None
+        # a controller of another max_len keeps the depths both know
+        self._reach = (reach + [0.0] * n)[:n] if reach else [0.0] * n
+        self._fail = (fail + [0.0] * n)[:n] if fail else [0.0] * n
+        self.off = bool(st.get("off", False))
+        self._backoff = min(max(backoff, self.cfg.probe_after), 256)
 
     def update(self, drafted: int, accepted: int) -> None:
         """Account one verification: ``accepted`` of the ``drafted`` chain tokens were kept.
@@ -231,6 +282,17 @@ class Drafter(ABC):
         seconds, self.oneoff_s = seconds - self.oneoff_s, 0.0
         if seconds > 0:
             self.adaptive.observe_step(drafted, seconds, committed)
+
+    def knowledge(self) -> dict:
+        """What this drafter has learned that is worth keeping across processes (JSON-able);
+        ``speclive.knowledge`` saves it and hands it back to ``load_knowledge`` on the next start."""
+        return {"adaptive": self.adaptive.state()}
+
+    def load_knowledge(self, data: dict) -> None:
+        """Restore ``knowledge()`` output (raises ``ValueError``/``KeyError``/``TypeError`` when
+        it does not fit this drafter: the caller then ignores the saved file)."""
+        if "adaptive" in data:
+            self.adaptive.load_state(data["adaptive"])
 
     def end(self) -> None:
         """A generation finished (or was abandoned): stop background work, restore settings."""

@@ -6,6 +6,18 @@ truncation stops a draft as soon as the draft model's top probability falls belo
 ``threshold`` (default 0.4); the adaptive controller caps the length from the measured
 verification-cost curve and switches drafting off when it does not pay.
 
+**A draft model that cannot pay costs nothing.** Before its first draft of a generation the
+drafter compares its step cost with the target's, both as measured in this process (saved
+timings may come from another machine load): the draft model's single-step time (three
+one-token steps on its empty cache, unless it has drafted in this process), the target's, the
+target's cost curve t(k)/t(1) and the acceptance estimate α (learned, saved, or the calibrated
+prior of ``speclive.drafting.priors``). When no draft length k beats plain AR by
+``min_gain``, drafting stays off for the generation: the draft model is never prefilled nor
+caught up, and one stderr line says so with the numbers. Until the target's step time is known
+(the first one-token step of a process) nothing is drafted. A later probe of a switched-off drafter
+catches the draft cache up in one batched ``extend`` (``Backend.sync``), and is skipped when even
+α = ``CEILING_ALPHA`` could not pay for that catch-up.
+
 The draft model reads only the last ``window`` tokens of the prompt (default 96). A draft
 costs ~45 % of a target step on this CPU, so prefilling a 400-token prompt into the draft
 model costs more than the drafts can win back in 128 tokens; local context is what a draft
@@ -14,8 +26,9 @@ needs anyway. The window start is fixed per generation so the draft cache keeps 
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +36,7 @@ import numpy as np
 from speclive.acceptance import softmax
 from speclive.backends.base import Backend, BackendState, common_prefix_len
 from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.drafting.priors import draft_alpha
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError
 
@@ -31,6 +45,12 @@ ONEOFF_TOKENS = 4
 DEFAULT_WINDOW = 96
 #: a switched-off draft model is not probed when even this acceptance rate would not pay
 CEILING_ALPHA = 0.95
+#: one-token steps timed to measure a draft model's step cost (the fastest counts)
+GATE_STEPS = 3
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def catch_up_cost(draft: Backend, state: BackendState, tokens: Sequence[int], draft_ratio: float) -> float:
@@ -139,7 +159,7 @@ class ModelDrafter(Drafter):
             raise ConfigError(f"draft context window must be >= 1 token (or None), got {window}")
         if fixed_len is not None and fixed_len < 1:
             raise ConfigError(f"fixed draft length must be >= 1, got {fixed_len}")
-        cfg = adaptive or AdaptiveConfig(max_len=max_len, prior_alpha=0.7)
+        cfg = adaptive or AdaptiveConfig(max_len=max_len, prior_alpha=draft_alpha() or 0.7)
         if fixed_len is not None:
             cfg = AdaptiveConfig(max_len=fixed_len, fixed=True)
             threshold = 0.0
@@ -152,6 +172,12 @@ class ModelDrafter(Drafter):
         self.window = window
         self._start = 0
         self.detail = f"draft={draft.name}"
+        #: the cost gate's verdict for this generation: None = not decided yet, True = may draft
+        self.gate_open: bool | None = None
+        #: why the gate closed (the stderr line), once it did
+        self.gate_reason = ""
+        self._said = False
+        self.log: Callable[[str], None] = _stderr
 
     def bind(self, target: Backend) -> None:
         super().bind(target)
@@ -176,8 +202,53 @@ class ModelDrafter(Drafter):
         # the next sync() trims the draft cache to its common prefix with the new view, so an
         # unchanged view (no window, shared system prompt) is not recomputed
         self._start = window_start(context, self.window)
+        self.gate_open = None
+
+    def _measure_draft_step(self, token: int) -> None:
+        """Time ``GATE_STEPS`` one-token steps of the draft model on its (empty) cache."""
+        times = []
+        for _ in range(GATE_STEPS):
+            t0 = time.perf_counter()
+            self.draft.extend(self.state, [token])
+            times.append(time.perf_counter() - t0)
+            self.draft.truncate(self.state, 0)
+        self.draft.cost.set_seconds(1, min(times))
+
+    def _gate(self, context: Sequence[int]) -> bool | None:
+        """Can any draft length pay on this machine? None while the target's step is unmeasured."""
+        ctl = self.adaptive
+        if ctl.cfg.fixed or self.target is None:
+            return True
+        # both step times as measured in this process (saved ones may come from another load)
+        if not self.target.cost.observed.get(1):
+            return None
+        t_t = self.target.cost.step_seconds()
+        if not self.draft.cost.observed.get(1):
+            if self.state.tokens:  # a cache in use: its next sync would pay for a reset
+                return True
+            self._measure_draft_step(int(context[-1]))
+        self._update_costs()
+        k, best = ctl._best()
+        if best >= ctl.cfg.min_gain:
+            return True
+        ctl.off = True
+        t_d = self.draft.cost.step_seconds() or 0.0
+        self.gate_reason = (
+            f"speclive: {self.name} drafter off: a step of {self.draft.name} takes {1000 * t_d:.1f} ms = "
+            f"{ctl.draft_ratio:.2f} target steps ({1000 * t_t:.1f} ms); at acceptance {ctl.alpha:.2f} "
+            f"the best draft length ({k}) would give {best:.2f}x of plain decoding "
+            f"(< {ctl.cfg.min_gain:.2f}x needed): the draft model is not prefilled"
+        )
+        if not self._said:
+            self._said = True
+            self.log(self.gate_reason)
+        return False
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        if self.gate_open is None:
+            self.gate_open = self._gate(context)
+            if self.gate_open is None:
+                return DraftTree()  # decided once the target's step is measured
         self._update_costs()
         k = min(budget, self.adaptive.length())
         if k <= 0:

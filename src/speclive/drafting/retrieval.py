@@ -44,9 +44,14 @@ class RequestIndex:
         self.min_n, self.max_len, self.max_candidates = min_n, max_len, max_candidates
         self.ctx: list[int] = []
         self._index: dict[tuple[int, ...], list[int]] = {}
+        #: tokens of the request's prompt (the context at ``reset``)
+        self.prompt_len = 0
+        #: where the continuation of each row of the last ``lookup`` starts in ``ctx``
+        self.last_starts: list[int] = []
 
     def reset(self, context: Sequence[int]) -> None:
         self.ctx, self._index = [], {}
+        self.prompt_len = len(context)
         self.sync(context)
 
     def sync(self, context: Sequence[int]) -> None:
@@ -65,6 +70,7 @@ class RequestIndex:
         ctx, n = self.ctx, self.min_n
         end = len(ctx) - 1
         empty = np.zeros((0, depth), dtype=np.int32)
+        self.last_starts = []
         if end < n:
             return 0, empty
         ends = self._index.get(tuple(ctx[end + 1 - n :]))
@@ -84,6 +90,7 @@ class RequestIndex:
         if not found:
             return 0, empty
         out = np.full((len(found), depth), SEP, dtype=np.int32)
+        self.last_starts = [j + 1 for j in found]
         for r, j in enumerate(found):
             seg = ctx[j + 1 : j + 1 + depth]
             out[r, : len(seg)] = seg
@@ -260,6 +267,19 @@ class Calibrator:
 
     def snapshot(self) -> dict[str, float]:
         return {k: round(self.scale(k), 3) for k in sorted(self._pred)}
+
+    def state(self) -> dict[str, dict[str, float]]:
+        """The learned sums per key (JSON-able; ``load_state`` restores them)."""
+        return {k: {"acc": self._acc[k], "pred": self._pred[k], "n": self._n.get(k, 0)} for k in self._pred}
+
+    def load_state(self, data: dict[str, dict[str, float]]) -> None:
+        acc, pred, n = {}, {}, {}
+        for k, v in data.items():
+            a, p, c = float(v["acc"]), float(v["pred"]), int(v["n"])
+            if a < 0 or p <= 0 or c < 0:
+                raise ValueError(f"bad calibration entry {k!r}: {v}")
+            acc[str(k)], pred[str(k)], n[str(k)] = a, p, c
+        self._acc, self._pred, self._n = acc, pred, n
 
 
 class Candidates:

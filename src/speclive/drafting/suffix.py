@@ -44,7 +44,13 @@ import numpy as np
 from speclive.backends.base import Backend
 from speclive.drafting.base import Drafter
 from speclive.drafting.datastore import SuffixDatastore
-from speclive.drafting.ngram import BUCKET_PRIOR, COPY_ADAPTIVE, bucket_controllers
+from speclive.drafting.ngram import (
+    BUCKET_PRIOR,
+    COPY_ADAPTIVE,
+    bucket_controllers,
+    controllers_state,
+    load_controllers,
+)
 from speclive.drafting.retrieval import (
     Calibrator,
     Candidates,
@@ -140,9 +146,10 @@ class SuffixDrafter(Drafter):
         self._last: list[tuple[str, float]] = []
         # the copied chain's length controllers: the n-gram drafter's buckets, priors and
         # learned survival (a copy is taken whole or breaks at an edit)
-        self.chain_ctl = bucket_controllers(
-            replace(COPY_ADAPTIVE, max_len=self.cfg.chain_depth), BUCKET_PRIOR
-        )
+        # (apart for copies from the prompt and from the output so far, as the n-gram drafter)
+        chain_cfg = replace(COPY_ADAPTIVE, max_len=self.cfg.chain_depth)
+        self.chain_ctl = bucket_controllers(chain_cfg, BUCKET_PRIOR, "prompt")
+        self.chain_ctl_output = bucket_controllers(chain_cfg, BUCKET_PRIOR, "output")
         # per tracked chain of the last proposal: its node indices in the proposed tree
         self._chains: dict[str, list[int]] = {}
         # a free probe not resolved yet: (context length when proposed, its tree, the
@@ -188,7 +195,10 @@ class SuffixDrafter(Drafter):
                 tree, top_nodes(tree, cfg.max_nodes), cfg.prior, self.calib.scale(key), key, "request"
             )
             if cfg.copy_chain:
-                self._add_copy_chain(cand, length, conts[0, :chain_depth])  # row 0: the latest
+                # row 0: the latest; copied from the prompt when its continuation starts there
+                starts = self.request.last_starts
+                from_prompt = bool(starts) and starts[0] < self.request.prompt_len
+                self._add_copy_chain(cand, length, conts[0, :chain_depth], from_prompt)
         if self.store is not None:
             m = self.store.match(context[-cfg.max_match :], cfg.max_match)
             if m.length >= cfg.global_min_match:
@@ -202,15 +212,18 @@ class SuffixDrafter(Drafter):
         self._lookup_ema = dt if self._lookup_ema is None else 0.8 * self._lookup_ema + 0.2 * dt
         return cand
 
-    def _add_copy_chain(self, cand: Candidates, length: int, row: np.ndarray) -> None:
-        """The continuation ``row`` of a ``length``-token match as a chain scored α_b^(d+1)."""
+    def _add_copy_chain(
+        self, cand: Candidates, length: int, row: np.ndarray, from_prompt: bool = True
+    ) -> None:
+        """The continuation ``row`` of a ``length``-token match as a chain scored S_b(d)."""
         ends = np.flatnonzero(row < 0)
         n = int(ends[0]) if len(ends) else len(row)
         if n == 0:
             return
-        b = max((x for x in self.chain_ctl if x <= length), default=min(self.chain_ctl))
-        ctl = self.chain_ctl[b]
-        key = f"chain:{b}"
+        ctls = self.chain_ctl if from_prompt else self.chain_ctl_output
+        b = max((x for x in ctls if x <= length), default=min(ctls))
+        ctl = ctls[b]
+        key = f"chain:{b}" if from_prompt else f"chain:out{b}"
         # node d scored S_b(d), the bucket's learned probability that depth d is accepted
         surv = ctl.survival_curve()[:n]
         cond = [surv[0]] + [y / x if x > 0 else 0.0 for x, y in zip(surv, surv[1:], strict=False)]
@@ -236,9 +249,7 @@ class SuffixDrafter(Drafter):
     def _max_leaves(self) -> int | None:
         return getattr(self.target, "max_tree_branches", None)
 
-    def choose(
-        self, cand: Candidates, budget: int, draft_cost: float, keep: Sequence[int] = ()
-    ) -> DraftTree:
+    def choose(self, cand: Candidates, budget: int, draft_cost: float, keep: Sequence[int] = ()) -> DraftTree:
         """Select the nodes to verify (with probing when drafting is off) and remember them.
 
         ``keep``: candidate nodes already paid for (a drafted model chain); if the selection is
@@ -338,11 +349,36 @@ class SuffixDrafter(Drafter):
 
     def chain_feedback(self, name: str, drafted: int, kept: int) -> None:
         """``kept`` of the ``drafted`` verified nodes of a tracked chain were accepted."""
-        if name.startswith("chain:"):
+        if name.startswith("chain:out"):
+            self.chain_ctl_output[int(name[len("chain:out") :])].update(drafted, kept)
+        elif name.startswith("chain:"):
             self.chain_ctl[int(name.split(":", 1)[1])].update(drafted, kept)
 
     def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
         pass  # selection reads the target's measured cost curve directly
+
+    def knowledge(self) -> dict:
+        return {
+            "chain": controllers_state(self.chain_ctl),
+            "chain_output": controllers_state(self.chain_ctl_output),
+            "calib": self.calib.state(),
+            "off": self._off,
+            "backoff": self._backoff,
+            "lookup_ema": self._lookup_ema,
+        }
+
+    def load_knowledge(self, data: dict) -> None:
+        calib = data.get("calib")
+        backoff = int(data.get("backoff", self.cfg.probe_after))
+        off = int(data.get("off", 0))
+        lookup = data.get("lookup_ema")
+        load_controllers(self.chain_ctl, data.get("chain", {}))
+        load_controllers(self.chain_ctl_output, data.get("chain_output", {}))
+        if calib is not None:
+            self.calib.load_state(calib)
+        self._backoff = min(max(backoff, self.cfg.probe_after), 256)
+        self._off = max(0, off)
+        self._lookup_ema = float(lookup) if lookup else None
 
 
 def load_datastore(path: str | None, target: Backend, max_mb: float | None = None) -> SuffixDatastore | None:

@@ -119,7 +119,15 @@ class ChatEngine:
             temperature=params.temperature,
             seed=params.seed,
         )
-        dec = SpeculativeDecoder(self.backend, self.new_drafter())
+        drafter = self.new_drafter()
+        knowledge = None
+        if drafter is not None and self.config.knowledge:
+            from speclive.knowledge import KnowledgeStore, disabled_by_env
+
+            if not disabled_by_env():
+                # every request has a fresh drafter: it starts from what earlier ones learned
+                knowledge = KnowledgeStore(self.backend, drafter, self.config.drafter)
+        dec = SpeculativeDecoder(self.backend, drafter, knowledge=knowledge)
         steps = dec.generate(ids, cfg)
         try:
             for ev in steps:

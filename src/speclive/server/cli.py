@@ -53,6 +53,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_draft=args.max_draft,
         threshold=args.threshold,
         datastore=args.datastore,
+        knowledge=not args.no_knowledge,
         n_ctx=args.n_ctx,
         threads=args.threads,
         device=args.device,

@@ -27,6 +27,9 @@ class ServerConfig:
     max_draft: int | None = None
     threshold: float = 0.4
     datastore: str | None = None
+    #: load/save what the drafter learned across requests and restarts (``speclive.knowledge``;
+    #: ``speclive serve`` turns it on unless ``--no-knowledge``)
+    knowledge: bool = False
     n_ctx: int | None = None
     threads: int | None = None
     device: str = "cpu"
