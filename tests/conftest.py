@@ -6,9 +6,17 @@ offline bundle, the hash check and the GGUF -> safetensors conversion are exerci
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 SMALL = "smollm2-135m-instruct"
+
+
+def pytest_configure(config):
+    # tests do not read or write the saved cold-start knowledge of the user's speclive home
+    # (tests of that feature set their own home and turn it back on)
+    os.environ.setdefault("SPECLIVE_NO_KNOWLEDGE", "1")
 
 
 @pytest.fixture(scope="session")
