@@ -230,7 +230,7 @@ def voice_session(url: str, audio: np.ndarray, speech_end_s: float, method: str)
     from websockets.sync.client import connect
 
     ws_url = url.replace("http://", "ws://") + "/v1/realtime"
-    rec: dict[str, Any] = {"method": method, "latency_s": None, "error": ""}
+    rec: dict[str, Any] = {"method": method, "latency_s": None, "error": "", "first_audio_t": None}
     step = 1600
     end_sample = int(speech_end_s * 16_000)
     try:
@@ -243,7 +243,9 @@ def voice_session(url: str, audio: np.ndarray, speech_end_s: float, method: str)
                     }
                 )
             )
-            t_end = None
+            sent: dict[str, float] = {}
+            reader = threading.Thread(target=_read_events, args=(ws, rec, sent), daemon=True)
+            reader.start()  # events are read while the audio is still being sent, as a client does
             t0 = time.perf_counter()
             for k, i in enumerate(range(0, len(audio), step)):
                 due = t0 + k * step / 16_000
@@ -254,27 +256,49 @@ def voice_session(url: str, audio: np.ndarray, speech_end_s: float, method: str)
                         {"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}
                     )
                 )
-                if t_end is None and i + step >= end_sample:
-                    t_end = time.perf_counter()
-            deadline = time.perf_counter() + 120
-            while time.perf_counter() < deadline:
-                msg = json.loads(ws.recv(timeout=max(0.1, deadline - time.perf_counter())))
-                kind = msg["type"]
-                if kind == "response.output_audio.delta" and rec["latency_s"] is None:
-                    rec["latency_s"] = time.perf_counter() - (t_end or t0)
-                elif kind == "conversation.item.input_audio_transcription.completed":
-                    rec["transcript"] = msg["transcript"]
-                elif kind == "speclive.turn_metrics":
-                    rec["server_latency_s"] = msg.get("latency_s")
-                elif kind == "error":
-                    rec["error"] = msg["error"]["message"]
-                elif kind == "response.done":
-                    break
+                if "end" not in sent and i + step >= end_sample:
+                    sent["end"] = time.perf_counter()
+            reader.join(120)
+            if rec["first_audio_t"] is not None:
+                rec["latency_s"] = rec["first_audio_t"] - sent.get("end", t0)
     except Exception as e:  # a failed session is a counted error, not the end of the run
         rec["error"] = f"{type(e).__name__}: {e}"
     if rec["latency_s"] is None and not rec["error"]:
         rec["error"] = "no answer audio"
     return rec
+
+
+def _read_events(ws: Any, rec: dict[str, Any], sent: dict[str, float]) -> None:
+    """Read a session's events until its answer is done; note when the first answer audio came."""
+    deadline = time.perf_counter() + 180
+    try:
+        while time.perf_counter() < deadline:
+            msg = json.loads(ws.recv(timeout=max(0.1, deadline - time.perf_counter())))
+            kind = msg["type"]
+            if kind == "response.output_audio.delta" and rec["first_audio_t"] is None:
+                rec["first_audio_t"] = time.perf_counter()
+            elif kind == "conversation.item.input_audio_transcription.completed":
+                rec["transcript"] = msg["transcript"]
+            elif kind == "speclive.turn_metrics":
+                rec["server_latency_s"] = msg.get("latency_s")
+            elif kind == "error":
+                rec["error"] = msg["error"]["message"]
+            elif kind == "response.done":
+                return
+    except Exception as e:  # a closed or failed session is a counted error
+        rec["error"] = rec["error"] or f"{type(e).__name__}: {e}"
+
+
+def _wait_idle(url: str, timeout: float = 60) -> None:
+    """Until the server holds no session (a closed session's slot is released asynchronously)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).json().get("live_sessions", 0) == 0:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
 
 
 def _sessions_at_once(
@@ -313,6 +337,7 @@ def _voice_phase(url: str, opts: ServeBenchOptions, log: Callable[[str], None]) 
             order = methods if i % 2 == 0 else methods[::-1]
             for method in order:
                 batch = [spoken[(i + j) % len(spoken)] for j in range(conc)]
+                _wait_idle(url)
                 out = _sessions_at_once(url, batch, method)
                 records += [r | {"concurrency": conc} for r in out]
                 log(f"voice: question {i + 1}/{len(spoken)}, {conc} session(s), {method}")
@@ -375,19 +400,22 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
         ],
     }
     servers: dict[str, Running] = {}
+    # without prompt sets only the realtime phase runs (and only speclive is started)
+    names = SERVERS if opts.prompts else ("speclive",)
+    single: list[Request] = []
+    concurrent: list[dict[str, Any]] = []
     try:
-        for name in SERVERS:
+        for name in names:
             log(f"starting {name} ...")
             servers[name] = start_server(
                 name, cmds[name], ours_port if name == "speclive" else peer_port, log_dir
             )
         models = {n: httpx.get(f"{s.url}/v1/models").json()["data"][0]["id"] for n, s in servers.items()}
-        warm = next(iter(opts.prompts.values()))[: opts.warmup]
+        warm = next(iter(opts.prompts.values()), [])[: opts.warmup]
         for name, srv in servers.items():
             for p in warm:
                 chat_stream(srv.url, models[name], p, opts.max_tokens, count)
 
-        single: list[Request] = []
         total = sum(len(v) for v in opts.prompts.values())
         i = 0
         for set_name, prompts in opts.prompts.items():
@@ -400,9 +428,8 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
                 i += 1
                 log(f"1 client: {i}/{total} prompts")
 
-        concurrent: list[dict[str, Any]] = []
         all_prompts = [p for v in opts.prompts.values() for p in v]
-        for name in (*SERVERS, *SERVERS[::-1]):
+        for name in (*SERVERS, *SERVERS[::-1]) if opts.prompts else ():
             log(f"{opts.clients} clients on {name} ...")
             row = _concurrent(servers[name], models[name], all_prompts, opts.clients, opts, count)
             concurrent.append(row)
@@ -499,41 +526,46 @@ def summarize_voice(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def serve_markdown(result: dict[str, Any]) -> str:
     h = result["header"]
     lines = report.markdown_preamble("speclive serve vs llama-cpp-python's server", h)
-    lines += [
-        "Both servers: the same GGUF, threads and context, greedy, streamed (SSE) to the same client; "
-        "completion tokens counted with the GGUF's tokenizer for both. *1 client*: every prompt to "
-        "both servers, order alternating. *Concurrent*: the clients share all prompts, whole (not streamed) "
-        "responses; each server measured twice (A B B A), the two runs averaged.",
-        "",
-        "| prompt set | server | median TTFT s | median tok/s | tok/s ratio (paired median) "
-        "| identical texts |",
-        "|---|---|---|---|---|---|",
-    ]
-    for s, row in result["summary"]["single"].items():
+    if result["summary"]["single"]:
+        lines += [
+            "Both servers: the same GGUF, threads and context, greedy, streamed (SSE) to the same client; "
+            "completion tokens counted with the GGUF's tokenizer for both. *1 client*: every prompt to "
+            "both servers, order alternating. *Concurrent*: the clients share all prompts, whole (not "
+            "streamed) responses; each server measured twice (A B B A), the two runs averaged.",
+            "",
+            "| prompt set | server | median TTFT s | median tok/s | tok/s ratio (paired median) "
+            "| identical texts |",
+            "|---|---|---|---|---|---|",
+        ]
+        for s, row in result["summary"]["single"].items():
+            for n in SERVERS:
+                v = row[n]
+                ratio = row["tok_s_ratio_median"] if n == "speclive" else None
+                lines.append(
+                    f"| {s} | {n} | {report._fmt(v['ttft_s'], 3)} | {report._fmt(v['tok_s'], 1)} | "
+                    f"{'' if ratio is None else f'{ratio:.2f}×'} | "
+                    f"{row['identical']}/{row['pairs'] if n == 'speclive' else ''} |"
+                )
+        c = result["summary"]["concurrent"]
+        lines += [
+            "",
+            f"| {h['settings']['clients']} clients | aggregate tok/s | latency p50 s | latency p99 s "
+            "| p99 / p50 | errors |",
+            "|---|---|---|---|---|---|",
+        ]
         for n in SERVERS:
-            v = row[n]
-            ratio = row["tok_s_ratio_median"] if n == "speclive" else None
-            lines.append(
-                f"| {s} | {n} | {report._fmt(v['ttft_s'], 3)} | {report._fmt(v['tok_s'], 1)} | "
-                f"{'' if ratio is None else f'{ratio:.2f}×'} | "
-                f"{row['identical']}/{row['pairs'] if n == 'speclive' else ''} |"
-            )
-    c = result["summary"]["concurrent"]
-    lines += [
-        "",
-        f"| {h['settings']['clients']} clients | aggregate tok/s | latency p50 s | latency p99 s "
-        "| p99 / p50 | errors |",
-        "|---|---|---|---|---|---|",
-    ]
-    for n in SERVERS:
-        if n in c:
-            v = c[n]
-            lines.append(
-                f"| {n} | {v['aggregate_tok_s']:.1f} | {v['latency_p50_s']:.2f} | {v['latency_p99_s']:.2f} | "
-                f"{v['latency_p99_s'] / v['latency_p50_s']:.2f} | {v['errors']} |"
-            )
-    if "aggregate_ratio" in c:
-        lines += ["", f"Aggregate throughput, speclive / llama_cpp.server: **{c['aggregate_ratio']:.2f}×**"]
+            if n in c:
+                v = c[n]
+                p50, p99 = v["latency_p50_s"], v["latency_p99_s"]
+                lines.append(
+                    f"| {n} | {v['aggregate_tok_s']:.1f} | {p50:.2f} | {p99:.2f} | {p99 / p50:.2f} "
+                    f"| {v['errors']} |"
+                )
+        if "aggregate_ratio" in c:
+            lines += [
+                "",
+                f"Aggregate throughput, speclive / llama_cpp.server: **{c['aggregate_ratio']:.2f}×**",
+            ]
     voice = result["summary"].get("voice") or []
     if voice:
         lines += [
@@ -561,6 +593,21 @@ def plot_serve(path: Path, result: dict[str, Any]) -> Path:
     """Bars: median tok/s per prompt set (1 client) and aggregate tok/s (N clients), per server."""
     plt = report._pyplot()
     s = result["summary"]
+    if not s["single"]:  # the realtime phase only: voice-to-voice latency per method
+        rows = s.get("voice") or []
+        fig, ax = plt.subplots(figsize=(6, 3.4))
+        w = 0.38
+        for k, m in enumerate(("predgen", "cascade")):
+            xs = [i + (k - 0.5) * w for i in range(len(rows))]
+            ax.bar(xs, [r[m]["median_s"] or 0 for r in rows], w, label=m)
+        ax.set_xticks(range(len(rows)), [f"{r['concurrency']} session(s)" for r in rows])
+        ax.set_ylabel("median voice-to-voice latency (s)")
+        ax.set_title(f"WS /v1/realtime ({result['header']['target']})", fontsize=10)
+        ax.legend(frameon=False)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
     groups = [*s["single"], f"{result['header']['settings']['clients']} clients"]
     vals = {
         n: [s["single"][g][n]["tok_s"] or 0 for g in s["single"]]
@@ -589,7 +636,11 @@ def add_serve_bench_parser(sub) -> None:
     p.add_argument(
         "--model", default=None, help="registry name or .gguf (default: the server's default model)"
     )
-    p.add_argument("--sets", default="mtbench,code-edit", help="prompt sets: mtbench, code-edit")
+    p.add_argument(
+        "--sets",
+        default="mtbench,code-edit",
+        help="prompt sets: mtbench, code-edit; none: the realtime phase only",
+    )
     p.add_argument("--limit", type=int, default=8, help="prompts per set")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--clients", type=int, default=8)
@@ -611,6 +662,8 @@ def _prompt_sets(names: list[str], limit: int) -> dict[str, list[str]]:
 
     out: dict[str, list[str]] = {}
     for name in names:
+        if name == "none":
+            continue
         if name == "mtbench":
             qs = datasets.mtbench_questions(1)
             step = max(1, len(qs) // limit)
