@@ -43,6 +43,7 @@ class MarkovLM(Backend):
         self.vocab_size = V
         self.n_ctx = 4096
         self.n_threads = 2
+        self.calls: list[int] = []  # the length of every extension
         super().__init__()
 
     def set_threads(self, n: int) -> None:
@@ -58,6 +59,7 @@ class MarkovLM(Backend):
         return BackendState()
 
     def _extend(self, state, tokens, parents, last_only=False):
+        self.calls.append(len(tokens))
         time.sleep(self.sleep)
         prev = state.tokens[-1] if state.tokens else 0
         rows = []

@@ -7,79 +7,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
+# the toy Markov target/draft: every call sleeps whatever its length (a flat cost curve) and
+# records the length of every extension in ``calls``
+from test_async_fake import MarkovLM, V  # noqa: E402
 
 import speclive
-from speclive.backends.base import Backend, BackendState
+from speclive.backends.base import Backend
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
 from speclive.drafting.model import GATE_STEPS, ModelDrafter
-
-V = 40
-
-
-class _Tok:
-    vocab_size = V
-    eos_ids: set[int] = set()
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(map(str, ids))
-
-    def encode(self, text, add_special_tokens=False):
-        return [int(x) % V for x in text.split() if x.isdigit()] or [1, 2]
-
-
-class MarkovLM(Backend):
-    """next(prev2, prev1) = (3*prev2 + 5*prev1 + 1) % V, unless ``wrong`` says otherwise; every
-    call sleeps ``sleep`` seconds whatever its length (a flat cost curve). Records the length of
-    every extension in ``calls``."""
-
-    kind = "fake"
-
-    def __init__(self, name: str, sleep: float, wrong: int | None = None):
-        self.name, self.sleep, self.wrong = name, sleep, wrong
-        self.tokenizer = _Tok()
-        self.vocab_size = V
-        self.n_ctx = 4096
-        self.calls: list[int] = []
-        super().__init__()
-
-    def next_token(self, prev2: int, prev1: int) -> int:
-        t = (3 * prev2 + 5 * prev1 + 1) % V
-        if self.wrong is not None and prev1 % self.wrong == 0:
-            t = (t + 1) % V
-        return t
-
-    def new_state(self) -> BackendState:
-        return BackendState()
-
-    def _extend(self, state, tokens, parents, last_only=False):
-        self.calls.append(len(tokens))
-        time.sleep(self.sleep)
-        prev = state.tokens[-1] if state.tokens else 0
-        rows = []
-        for i, t in enumerate(tokens):
-            if parents is None:
-                p2 = tokens[i - 1] if i > 0 else prev
-            else:
-                p2 = tokens[parents[i]] if parents[i] >= 0 else prev
-            row = np.zeros(V, dtype=np.float32)
-            row[self.next_token(p2, t)] = 5.0
-            rows.append(row)
-        out = np.stack(rows)
-        return out[-1:] if last_only else out
-
-    def _compact(self, state, keep_idx):
-        pass
-
-    def _truncate(self, state, n):
-        pass
-
-    def fork(self, state):
-        return BackendState(tokens=list(state.tokens))
-
 
 PROMPT = [3, 9, 4, 1, 8] * 20  # 100 tokens: a catch-up would be a real prefill
 
@@ -174,8 +111,8 @@ from speclive.backends.base import CostModel
 from speclive.drafting.ngram import NgramDrafter
 from speclive.knowledge import KnowledgeStore
 
-class T:
-    name, kind = "target", "fake"
+class T:  # the parent's target as the store sees it (name, kind, threads)
+    name, kind, n_threads = "target", "fake", 2
     def __init__(self):
         self.cost = CostModel()
 
