@@ -103,10 +103,21 @@ class SessionLimiter:
             self._by_kind[kind] = max(0, self._by_kind.get(kind, 0) - 1)
             if self._gauge is not None:
                 self._gauge.set(sum(self._by_kind.values()))
+        self._wake_first()
+
+    def _wake_first(self) -> None:
+        """Let the oldest waiter try again for the slot just freed."""
+        with self._lock:
             first = self._waiters.popleft() if self._waiters else None
-        if first is not None:  # the oldest waiter tries again
+        if first is not None:
             fut, loop = first
-            loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(None))
+            loop.call_soon_threadsafe(self._resolve, fut)
+
+    def _resolve(self, fut: asyncio.Future) -> None:
+        if fut.done():  # that waiter gave up meanwhile: the freed slot goes to the next one
+            self._wake_first()
+        else:
+            fut.set_result(None)
 
     @staticmethod
     def _busy(what: str) -> APIError:
