@@ -11,11 +11,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import socket
 import threading
 import time
 import wave
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -27,13 +25,13 @@ pytest.importorskip("openai")
 pytest.importorskip("llama_cpp")
 
 import httpx  # noqa: E402
-import uvicorn  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
 from speclive.decoder import GenerationStats  # noqa: E402
 from speclive.server.app import create_app  # noqa: E402
 from speclive.server.chat import ChatDelta, ChatDone  # noqa: E402
 from speclive.server.config import ServerConfig  # noqa: E402
+from speclive.server.inproc import serve_in_thread  # noqa: E402
 
 KEY = "test-key-123"
 SMALL = "smollm2-135m-instruct"
@@ -42,29 +40,9 @@ SPOKEN = "Hello world, the weather is sunny today."
 NEAR_TIE = 0.5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running(app) -> Iterator[str]:
+def running(app) -> contextlib.AbstractContextManager[str]:
     """Serve ``app`` with uvicorn on a free local port in a thread; yields the base URL."""
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not server.started:
-        if not thread.is_alive() or time.time() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    return serve_in_thread(app)
 
 
 @pytest.fixture(scope="module")

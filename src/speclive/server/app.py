@@ -14,6 +14,7 @@ ready engines (``chat``, ``stt``, ``speech``, e.g. fakes).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -64,6 +65,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services.metrics.watch_loop(asyncio.get_running_loop())
         if config.preload:
             await services.load_all()
             ws_url = config.url.replace("http", "ws", 1)

@@ -34,7 +34,24 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds a request waits for a slot before a 503 (0: none)",
     )
     p.add_argument("--max-tokens", type=int, default=2048, help="most tokens one completion may generate")
-    p.add_argument("--max-audio", type=float, default=120.0, help="longest audio to transcribe (seconds)")
+    p.add_argument(
+        "--max-audio",
+        type=float,
+        default=120.0,
+        help="longest audio to transcribe, and longest realtime turn (seconds)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        help="close a realtime session that sends nothing for this many seconds (0: never)",
+    )
+    p.add_argument(
+        "--max-events-per-s",
+        type=float,
+        default=200.0,
+        help="realtime client events per second per session (bursts of twice as many pass)",
+    )
     p.add_argument("--lazy", action="store_true", help="load each model on first use, not at startup")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=cmd_serve)
@@ -66,6 +83,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         queue_wait_s=args.queue_wait,
         max_tokens=args.max_tokens,
         max_audio_s=args.max_audio,
+        realtime_idle_s=args.idle_timeout,
+        realtime_events_per_s=args.max_events_per_s,
         preload=not args.lazy,
     )
 

@@ -52,8 +52,17 @@ class ServerConfig:
     queue_wait_s: float = 30.0
     #: largest request body (OpenAI's audio upload limit is 25 MB)
     max_body_bytes: int = 25 * 1024 * 1024
-    #: longest audio accepted for transcription
+    #: longest audio accepted for transcription, and longest realtime turn (past it the turn's
+    #: audio is taken as silence, so the turn ends and is answered)
     max_audio_s: float = 120.0
+    #: a realtime session that sends no event for this long is closed (0: never)
+    realtime_idle_s: float = 300.0
+    #: client events per second one realtime session may send on average (bursts of twice as
+    #: many pass); events over the rate are dropped with an ``error`` event
+    realtime_events_per_s: float = 200.0
+    #: a realtime client that does not take an event for this long is disconnected (a client
+    #: that stopped reading would otherwise hold its session forever)
+    realtime_send_timeout_s: float = 20.0
     #: most tokens one chat completion may generate (a request asking for more gets this many)
     max_tokens: int = 2048
     #: longest ``input`` of a speech request (OpenAI's limit)
@@ -81,6 +90,11 @@ class ServerConfig:
             raise ConfigError(f"asr_step_s must be > 0, got {self.asr_step_s}")
         if self.max_audio_s <= 0:
             raise ConfigError(f"max_audio_s must be > 0, got {self.max_audio_s}")
+        for name in ("realtime_events_per_s", "realtime_send_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.realtime_idle_s < 0:
+            raise ConfigError(f"realtime_idle_s must be >= 0, got {self.realtime_idle_s}")
         if not 0 < self.port < 65536:
             raise ConfigError(f"invalid port {self.port}")
         if self.api_key is not None and not self.api_key:

@@ -1,11 +1,15 @@
 """Prometheus metrics of one server (``GET /metrics``), in a registry of its own.
 
 Each app gets its own ``CollectorRegistry`` (not prometheus-client's global one), so several
-apps can live in one process (tests) without clashing metric names.
+apps can live in one process (tests) without clashing metric names. The process collector adds
+``process_resident_memory_bytes`` and ``process_open_fds`` (on Linux), and
+``speclive_asyncio_tasks`` counts the event loop's tasks: with the live-session gauge they show a
+leak (the reliability benchmarks read them before and after).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from prometheus_client import (
@@ -14,6 +18,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     generate_latest,
 )
 
@@ -61,6 +66,18 @@ class Metrics:
         self.queue = Gauge(
             "speclive_worker_queue", "Turns waiting on each model worker", ["worker"], registry=r
         )
+        self.realtime_errors = Counter(
+            "speclive_realtime_errors", "Error events sent to realtime clients, by code", ["code"], registry=r
+        )
+        self.realtime_closes = Counter(
+            "speclive_realtime_closes", "Realtime connections closed, by close code", ["code"], registry=r
+        )
+        self.tasks = Gauge("speclive_asyncio_tasks", "Tasks of the server's event loop", registry=r)
+        ProcessCollector(registry=r)
+
+    def watch_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Count ``loop``'s tasks at each scrape."""
+        self.tasks.set_function(lambda: len(asyncio.all_tasks(loop)))
 
     def watch_queue(self, worker: str, pending: Callable[[], int]) -> None:
         self.queue.labels(worker=worker).set_function(pending)

@@ -31,6 +31,15 @@ realtime sessions and chat completions share the LLM fairly and one at a time (a
 context is not thread-safe). Bad input (malformed JSON, a binary frame, an unknown event, audio
 that is not base64 PCM16) gets an ``error`` event and the session goes on; too many sessions
 close with 1013, a missing or wrong API key with 1008 (``middleware.AuthMiddleware``).
+
+Limits (``ServerConfig``): events over the session's rate are dropped with an ``error``
+(``rate_limit_exceeded``, at most one a second); a turn longer than ``max_audio_s`` is ended
+there (the rest of its audio is taken as silence; ``turn_too_long``); audio that piles up
+unprocessed past ``MAX_BACKLOG_S`` is refused (``audio_backlog``); a session idle for
+``realtime_idle_s`` (no client event, and no turn or answer in progress) gets
+``session_idle_timeout`` and a 1000 close; a client that does not take
+an event for ``realtime_send_timeout_s`` (it stopped reading) is closed with 1008. Frames over
+uvicorn's WebSocket size limit (16 MiB) close with 1009.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from speclive.live.build import KINDS, LiveModels, LiveModelsConfig, make_pipeli
 from speclive.live.clock import WallClock
 from speclive.server.audio import pcm16, resample
 from speclive.server.errors import APIError
+from speclive.server.ratelimit import TokenBucket
 
 log = logging.getLogger("speclive.server")
 router = APIRouter()
@@ -65,6 +75,10 @@ STEP_S = 0.1
 MAX_APPEND_BYTES = 15 * 1024 * 1024
 #: audio per response.output_audio.delta event
 DELTA_S = 0.2
+#: received audio not yet taken by the pipeline, past which appends are refused
+MAX_BACKLOG_S = 30.0
+#: close codes: a client that stopped reading, an idle session
+CLOSE_SLOW, CLOSE_IDLE = 1008, 1000
 #: the beta protocol's names of the events the GA protocol renamed (a client asks for the beta
 #: with the ``OpenAI-Beta: realtime=v1`` header or the ``openai-beta.realtime-v1`` subprotocol)
 BETA_NAMES = {
@@ -136,7 +150,7 @@ def _apply_update(s: SessionSettings, session: Any) -> SessionSettings:
         new.voice = session["voice"]
     if "modalities" in session:
         mods = session["modalities"]
-        if not isinstance(mods, list) or not set(mods) <= {"text", "audio"}:
+        if not isinstance(mods, list) or not all(m in ("text", "audio") for m in mods):
             raise ProtocolError(
                 "invalid_value", "modalities must be a list of 'text' and 'audio'", "modalities"
             )
@@ -258,6 +272,18 @@ class RealtimeSession:
 
     def __init__(self, ws: WebSocket, services: Any, models: LiveModels, model_name: str, beta: bool = False):
         self.ws = ws
+        cfg = services.config
+        self.events = TokenBucket(cfg.realtime_events_per_s, 2 * cfg.realtime_events_per_s)
+        self.send_timeout_s = cfg.realtime_send_timeout_s
+        self.max_turn_samples = int(cfg.max_audio_s * 16_000)
+        #: when the last rate-limit error was sent (one a second at most)
+        self.rate_error_t = float("-inf")
+        #: the user's turn in progress: samples pushed since it started, and whether it hit the cap
+        self.in_turn = False
+        self.turn_samples = 0
+        self.turn_capped = False
+        #: why the server closes the connection: (code, reason)
+        self.close_with: tuple[int, str] | None = None
         #: the client speaks the beta protocol (its event names for response audio)
         self.beta = beta
         self.svc = services
@@ -293,12 +319,25 @@ class RealtimeSession:
             type_ = BETA_NAMES.get(type_, type_)
         msg = {"type": type_, "event_id": _id("event"), **payload}
         async with self.lock:
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-                await self.ws.send_text(json.dumps(msg))
+            if self.closed:
+                return
+            try:
+                await asyncio.wait_for(self.ws.send_text(json.dumps(msg)), self.send_timeout_s)
+            except (WebSocketDisconnect, RuntimeError):
+                pass
+            except TimeoutError:
+                # the client stopped reading: nothing more goes to it, the session ends
+                log.warning(
+                    "realtime session %s: client not reading for %.0f s", self.id, self.send_timeout_s
+                )
+                self.closed = True
+                self.close_with = (CLOSE_SLOW, "client is not reading events")
+                self.wake.set()
 
     async def error(
         self, code: str, message: str, param: str | None = None, event_id: str | None = None
     ) -> None:
+        self.svc.metrics.realtime_errors.labels(code=code).inc()
         await self.send(
             "error",
             error={
@@ -323,7 +362,7 @@ class RealtimeSession:
             chunks, self.audio = self.audio, []
             events: list[ev.Event] = []
             if chunks and pipe is not None:
-                events += await worker.call(pipe.push, np.concatenate(chunks))
+                events += await worker.call(pipe.push, await self.cap_turn(np.concatenate(chunks)))
             out = None
             if pipe is not None:
                 out = await worker.call(lambda p=pipe: p.step(p.clock() + STEP_S))
@@ -340,9 +379,26 @@ class RealtimeSession:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), timeout=0.5)
 
+    async def cap_turn(self, x: np.ndarray) -> np.ndarray:
+        """The audio to push: past ``max_audio_s`` of one turn, silence (so the VAD ends it)."""
+        if not self.in_turn:
+            return x
+        room = self.max_turn_samples - self.turn_samples
+        self.turn_samples += len(x)
+        if room >= len(x):
+            return x
+        x = x.copy()
+        x[max(room, 0) :] = 0.0
+        if not self.turn_capped:
+            self.turn_capped = True
+            limit = self.max_turn_samples / 16_000
+            await self.error("turn_too_long", f"a turn may be at most {limit:g} s of audio: it ends here")
+        return x
+
     # ---- pipeline events -> protocol events ---------------------------------------------
     async def on_event(self, e: ev.Event) -> None:
         if isinstance(e, ev.SpeechStarted):
+            self.in_turn, self.turn_samples, self.turn_capped = True, 0, False
             self.user_item = _id("item")
             self.sent_transcript = ""
             await self.send(
@@ -357,6 +413,7 @@ class RealtimeSession:
                 item_id=self.user_item,
             )
             if e.end_of_turn:
+                self.in_turn = False
                 await self.send(
                     "input_audio_buffer.committed", item_id=self.user_item, previous_item_id=self.prev_item
                 )
@@ -524,6 +581,20 @@ class RealtimeSession:
         self.prev_item = r.item_id
 
     # ---- client events ------------------------------------------------------------------
+    async def within_rate(self) -> bool:
+        """Count one client event against the rate; an event over it gets (at most one a second)
+        an error and is dropped."""
+        if self.events.take():
+            return True
+        now = asyncio.get_running_loop().time()
+        if now - self.rate_error_t >= 1.0:
+            self.rate_error_t = now
+            await self.error(
+                "rate_limit_exceeded",
+                f"more than {self.events.rate:g} events per second: events are being dropped",
+            )
+        return False
+
     async def handle(self, raw: str) -> None:
         try:
             msg = json.loads(raw)
@@ -534,10 +605,16 @@ class RealtimeSession:
             await self.error("invalid_event", "an event must be a JSON object with a string 'type'")
             return
         kind, event_id = msg["type"], msg.get("event_id")
+        if not isinstance(event_id, str | None):
+            event_id = None
         try:
             await self.dispatch(kind, msg)
         except ProtocolError as e:
             await self.error(e.code, e.message, e.param, event_id)
+        except Exception:
+            # a bug met by this event: the client is told, the session goes on, the log says why
+            log.exception("realtime session %s: %s event failed", self.id, kind)
+            await self.error("server_error", "the server failed to handle this event", None, event_id)
 
     async def dispatch(self, kind: str, msg: dict) -> None:
         if kind == "session.update":
@@ -559,7 +636,14 @@ class RealtimeSession:
                 await self.start_pipeline()
             await self.send("session.updated", session=self.settings.describe(self.id, self.model_name))
         elif kind == "input_audio_buffer.append":
-            self.audio.append(decode_audio(msg.get("audio"), self.settings.input_rate))
+            x = decode_audio(msg.get("audio"), self.settings.input_rate)
+            if sum(map(len, self.audio)) + len(x) > MAX_BACKLOG_S * 16_000:
+                raise ProtocolError(
+                    "audio_backlog",
+                    f"over {MAX_BACKLOG_S:g} s of audio wait to be processed: this append is dropped",
+                    "audio",
+                )
+            self.audio.append(x)
             self.wake.set()
         elif kind == "input_audio_buffer.commit":
             if not self.settings.server_vad:
@@ -595,6 +679,27 @@ async def _live_models(svc: Any) -> tuple[LiveModels, str]:
     return LiveModels(mcfg, transcriber, chat.backend, tts), chat.name
 
 
+async def _receive_loop(ws: WebSocket, session: RealtimeSession, idle_s: float) -> None:
+    """Take client events until the client leaves or stays silent for ``idle_s`` seconds."""
+    while not session.closed:
+        try:
+            msg = await asyncio.wait_for(ws.receive(), idle_s or None)
+        except TimeoutError:
+            if session.audio or session.busy():
+                continue  # still working on what the client sent: not idle
+            await session.error("session_idle_timeout", f"no event for {idle_s:g} s: the session ends")
+            session.close_with = (CLOSE_IDLE, "idle timeout")
+            return
+        if msg["type"] == "websocket.disconnect":
+            return
+        if not await session.within_rate():
+            continue
+        if msg.get("text") is not None:
+            await session.handle(msg["text"])
+        else:
+            await session.error("binary_frame", "binary frames are not accepted: send JSON text events")
+
+
 @router.websocket("/v1/realtime")
 async def realtime(ws: WebSocket) -> None:
     svc = ws.app.state.speclive
@@ -605,45 +710,45 @@ async def realtime(ws: WebSocket) -> None:
     try:
         slot = svc.sessions.acquire("realtime")
     except APIError as e:
+        svc.metrics.realtime_closes.labels(code="1013").inc()
         await ws.close(code=1013, reason=e.message[:120])
         return
     session: RealtimeSession | None = None
-    task: asyncio.Task | None = None
+    tasks: list[asyncio.Task] = []
     try:
         try:
             models, name = await _live_models(svc)
         except APIError as e:
+            svc.metrics.realtime_closes.labels(code="1011").inc()
             await ws.close(code=1011, reason=e.message[:120])
             return
         session = RealtimeSession(ws, svc, models, name, beta=beta)
         await session.start_pipeline()
         await session.send("session.created", session=session.settings.describe(session.id, name))
-        task = asyncio.create_task(session.compute_loop())
-        while True:
-            msg = await ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                break
-            if msg.get("text") is not None:
-                await session.handle(msg["text"])
-            else:
-                await session.error("binary_frame", "binary frames are not accepted: send JSON text events")
-            if task.done():
-                break
+        compute = asyncio.create_task(session.compute_loop())
+        receive = asyncio.create_task(_receive_loop(ws, session, svc.config.realtime_idle_s))
+        tasks = [compute, receive]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     except WebSocketDisconnect:
         pass
     finally:
         if session is not None:
             session.closed = True
             session.wake.set()
-        if task is not None:
+        for task in tasks:
             if not task.done():
+                if task is tasks[-1]:  # the receive loop: nothing more to take in
+                    task.cancel()
                 with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(task, timeout=30)
-            elif task.exception() is not None:
-                log.error("realtime session failed", exc_info=task.exception())
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                if not isinstance(task.exception(), WebSocketDisconnect):
+                    log.error("realtime session failed", exc_info=task.exception())
         if session is not None and session.pipeline is not None:
             with contextlib.suppress(Exception):
                 await svc.worker("chat").call(session.pipeline.close)
         slot.release()
+        code, reason = (session.close_with if session is not None else None) or (1000, "")
+        svc.metrics.realtime_closes.labels(code=str(code)).inc()
         with contextlib.suppress(Exception):
-            await ws.close()
+            await asyncio.wait_for(ws.close(code=code, reason=reason), timeout=5)
