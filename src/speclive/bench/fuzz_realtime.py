@@ -74,6 +74,7 @@ class RealtimeFuzzReport:
     violations: list[tuple[str, str]] = field(default_factory=list)
     #: hostile client -> what happened (passed or the violation)
     scenarios: dict[str, str] = field(default_factory=dict)
+    scenario_seconds: dict[str, float] = field(default_factory=dict)
     before: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
@@ -89,6 +90,7 @@ class RealtimeFuzzReport:
             "refused_full": self.refused,
             "violations": [list(v) for v in self.violations],
             "scenarios": self.scenarios,
+            "scenario_seconds": self.scenario_seconds,
             "before": self.before,
             "after": self.after,
             "seconds": round(self.seconds, 2),
@@ -421,6 +423,79 @@ def fuzz_realtime(
     return report
 
 
+def _raw_connect(ws_url: str, headers: dict[str, str]) -> socket.socket:
+    """A WebSocket connection on a plain socket (handshake done), for a client that never
+    reads: library clients keep reading in the background."""
+    import os
+    from urllib.parse import urlsplit
+
+    u = urlsplit(ws_url)
+    sock = socket.create_connection((u.hostname, u.port or 80), timeout=30)
+    key = base64.b64encode(os.urandom(16)).decode()
+    lines = [
+        f"GET {u.path} HTTP/1.1",
+        f"Host: {u.hostname}:{u.port}",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        f"Sec-WebSocket-Key: {key}",
+        "Sec-WebSocket-Version: 13",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("the server closed the connection during the handshake")
+        head += chunk
+    if not head.startswith(b"HTTP/1.1 101"):
+        raise ConnectionError(f"handshake refused: {head.splitlines()[0]!r}")
+    return sock
+
+
+def _client_frame(payload: bytes, opcode: int = 0x1) -> bytes:
+    """One masked, final client frame (RFC 6455, 5.2)."""
+    import os
+    import struct
+
+    n = len(payload)
+    head = bytes([0x80 | opcode])
+    if n < 126:
+        head += bytes([0x80 | n])
+    elif n < 1 << 16:
+        head += bytes([0x80 | 126]) + struct.pack("!H", n)
+    else:
+        head += bytes([0x80 | 127]) + struct.pack("!Q", n)
+    mask = os.urandom(4)
+    body = (np.frombuffer(payload, np.uint8) ^ np.resize(np.frombuffer(mask, np.uint8), n)).tobytes()
+    return head + mask + body
+
+
+def _last_close_code(sock: socket.socket, timeout: float = 30) -> int:
+    """Read the server's frames to the end: the code of its close frame, or 1006 without one."""
+    import struct
+
+    sock.settimeout(timeout)
+    buf = bytearray()
+    with contextlib.suppress(OSError):
+        while chunk := sock.recv(1 << 20):
+            buf += chunk
+    i = 0
+    while i + 2 <= len(buf):
+        opcode, n = buf[i] & 0x0F, buf[i + 1] & 0x7F
+        j = i + 2
+        if n == 126:
+            (n,) = struct.unpack("!H", buf[j : j + 2])
+            j += 2
+        elif n == 127:
+            (n,) = struct.unpack("!Q", buf[j : j + 8])
+            j += 8
+        if opcode == 0x8 and n >= 2 and j + 2 <= len(buf):
+            return struct.unpack("!H", buf[j : j + 2])[0]
+        i = j + n
+    return 1006
+
+
 class _Control:
     """The session held open for the whole run: a thread keeps asking it a sentinel (often
     enough that it is never idle) and checks that nothing but its own replies arrive."""
@@ -496,6 +571,7 @@ def _scenarios(
         if only is not None and name not in only:
             return
         n = len(report.violations)
+        t0 = time.perf_counter()
         try:
             problem = fn()
         except Exception as e:  # a scenario that raises is a finding, not a crash of the run
@@ -503,6 +579,7 @@ def _scenarios(
         if problem:
             report.violations.append((f"scenario {name}", problem))
         report.scenarios[name] = problem or ("violations" if len(report.violations) > n else "ok")
+        report.scenario_seconds[name] = round(time.perf_counter() - t0, 2)
 
     def huge_frame() -> str | None:
         conn = _Conn(ws_url, headers, report, "huge frame")
@@ -531,39 +608,31 @@ def _scenarios(
 
     def stops_reading() -> str | None:
         # a client that sends and never reads: the server's writes back up, and after its send
-        # timeout it closes the session (the client sees the close once it reads again)
-        from websockets.exceptions import ConnectionClosed
-
-        conn = _Conn(ws_url, headers, report, "stops reading", max_queue=1)
+        # timeout it gives up on the client and frees the session
+        baseline = scrape(http).get("sessions", 0)
+        sock = _raw_connect(ws_url, headers)
         # each update is echoed back in full by session.updated: the server's writes pile up fast
         big = json.dumps({"type": "session.update", "session": {"instructions": "p" * 200_000}})
         sent = 0
-
-        def keep_sending() -> None:  # blocks once the server stops reading us in turn
-            nonlocal sent
-            while conn.send(big):
+        sock.settimeout(1.0)
+        deadline = time.time() + config.realtime_send_timeout_s + 60
+        try:
+            while time.time() < deadline:
+                sock.sendall(_client_frame(big.encode()))
+                report.events += 1
                 sent += 1
                 time.sleep(1.5 / config.realtime_events_per_s)  # under the rate limit
-
-        sender = threading.Thread(target=keep_sending, daemon=True)
-        sender.start()
-        # the server gives up on the client and frees its session (its writes are stuck, so the
-        # close frame may never get out: the client sees the connection end when it reads again)
-        released = _wait_sessions(http, most=1, timeout=config.realtime_send_timeout_s + 60)
-        problem = None if released else "the session of a client that stopped reading was not released"
-        try:
-            while True:
-                conn.ws.recv(timeout=30)
-        except ConnectionClosed as e:
-            rcvd = getattr(e, "rcvd", None)
-            code = rcvd.code if rcvd is not None else 1006
-            report.close_codes[code] += 1
-            if code not in (1008, 1006):
-                problem = problem or f"closed with {code} after {sent} updates"
-        except TimeoutError:
-            problem = problem or f"still open after {sent} unread updates"
-        sender.join(30)
-        return problem
+        except OSError:  # TimeoutError too: the server stopped reading us in turn
+            pass
+        released = _wait_sessions(http, most=baseline, timeout=config.realtime_send_timeout_s + 60)
+        code = _last_close_code(sock)
+        sock.close()
+        report.close_codes[code] += 1
+        if not released:
+            return f"the session of a client that stopped reading was not released ({sent} updates)"
+        # the close frame queues behind the writes that never went out: the client may see the
+        # connection just end (1006) once it reads again
+        return None if code in (1008, 1006) else f"closed with {code} after {sent} updates"
 
     def leaves_mid_answer() -> str | None:
         if not chunks:
@@ -577,17 +646,19 @@ def _scenarios(
         return None if got is not None else "no answer began"
 
     def long_turn() -> str | None:
-        if not chunks or config.max_audio_s > 30:
+        if not chunks or config.max_turn_s > 30:
             return None  # too long to speak past the limit in a run
         conn = _Conn(ws_url, headers, report, "long turn")
-        reps = int(config.max_audio_s / (0.1 * len(chunks))) + 2
+        reps = int(config.max_turn_s / (0.1 * len(chunks))) + 2
         for _ in range(reps):
             for c in chunks:
                 conn.send(json.dumps({"type": "input_audio_buffer.append", "audio": c}))
         got = conn.wait_for(lambda m: (m.get("error") or {}).get("code") == "turn_too_long", 120)
-        ok = conn.sentinel()
+        ok = got is not None and conn.sentinel()
         conn.close()
-        return None if got is not None and ok else "no turn_too_long error, or the session died"
+        if got is None:
+            return f"no turn_too_long error (close code {conn.close_code})"
+        return None if ok else f"the session died after turn_too_long (close code {conn.close_code})"
 
     def idle() -> str | None:
         if not 0 < config.realtime_idle_s <= 30:

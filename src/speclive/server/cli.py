@@ -41,6 +41,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         help="longest audio to transcribe, and longest realtime turn (seconds)",
     )
     p.add_argument(
+        "--max-turn", type=float, default=30.0, help="longest realtime turn (seconds): it ends there"
+    )
+    p.add_argument(
         "--idle-timeout",
         type=float,
         default=300.0,
@@ -83,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         queue_wait_s=args.queue_wait,
         max_tokens=args.max_tokens,
         max_audio_s=args.max_audio,
+        max_turn_s=args.max_turn,
         realtime_idle_s=args.idle_timeout,
         realtime_events_per_s=args.max_events_per_s,
         preload=not args.lazy,

@@ -52,9 +52,10 @@ class ServerConfig:
     queue_wait_s: float = 30.0
     #: largest request body (OpenAI's audio upload limit is 25 MB)
     max_body_bytes: int = 25 * 1024 * 1024
-    #: longest audio accepted for transcription, and longest realtime turn (past it the turn's
-    #: audio is taken as silence, so the turn ends and is answered)
+    #: longest audio accepted for transcription
     max_audio_s: float = 120.0
+    #: longest realtime turn: the turn is ended there and answered
+    max_turn_s: float = 30.0
     #: a realtime session that sends no event for this long is closed (0: never)
     realtime_idle_s: float = 300.0
     #: client events per second one realtime session may send on average (bursts of twice as
@@ -90,7 +91,7 @@ class ServerConfig:
             raise ConfigError(f"asr_step_s must be > 0, got {self.asr_step_s}")
         if self.max_audio_s <= 0:
             raise ConfigError(f"max_audio_s must be > 0, got {self.max_audio_s}")
-        for name in ("realtime_events_per_s", "realtime_send_timeout_s"):
+        for name in ("max_turn_s", "realtime_events_per_s", "realtime_send_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.realtime_idle_s < 0:

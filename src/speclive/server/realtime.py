@@ -33,8 +33,8 @@ that is not base64 PCM16) gets an ``error`` event and the session goes on; too m
 close with 1013, a missing or wrong API key with 1008 (``middleware.AuthMiddleware``).
 
 Limits (``ServerConfig``): events over the session's rate are dropped with an ``error``
-(``rate_limit_exceeded``, at most one a second); a turn longer than ``max_audio_s`` is ended
-there (the rest of its audio is taken as silence; ``turn_too_long``); audio that piles up
+(``rate_limit_exceeded``, at most one a second); a turn longer than ``max_turn_s`` is ended
+there and answered (``turn_too_long``); audio that piles up
 unprocessed past ``MAX_BACKLOG_S`` is refused (``audio_backlog``); a session idle for
 ``realtime_idle_s`` (no client event, and no turn or answer in progress) gets
 ``session_idle_timeout`` and a 1000 close; a client that does not take
@@ -61,6 +61,7 @@ from speclive.errors import ConfigError
 from speclive.live import events as ev
 from speclive.live.build import KINDS, LiveModels, LiveModelsConfig, make_pipeline
 from speclive.live.clock import WallClock
+from speclive.live.vad import TurnConfig
 from speclive.server.audio import pcm16, resample
 from speclive.server.errors import APIError
 from speclive.server.ratelimit import TokenBucket
@@ -211,7 +212,7 @@ def _apply_update(s: SessionSettings, session: Any) -> SessionSettings:
     return new
 
 
-def _pipeline_for(s: SessionSettings, models: LiveModels):
+def _pipeline_for(s: SessionSettings, models: LiveModels, turn: TurnConfig):
     from speclive.sessions.predictive import PredGenConfig
     from speclive.sessions.retranslate import RetranslateConfig
 
@@ -222,6 +223,7 @@ def _pipeline_for(s: SessionSettings, models: LiveModels):
                 models,
                 mode=s.method,
                 clock=WallClock(),
+                turn=turn,
                 predgen=PredGenConfig(verifier=s.verifier, max_tokens=96),
                 speak=s.speak,
             )
@@ -231,10 +233,11 @@ def _pipeline_for(s: SessionSettings, models: LiveModels):
                 models,
                 mode=s.method,
                 clock=WallClock(),
+                turn=turn,
                 retranslate=RetranslateConfig(target_lang=s.target_lang),
                 speak=False,
             )
-        return make_pipeline("transcribe", models, clock=WallClock())
+        return make_pipeline("transcribe", models, clock=WallClock(), turn=turn)
     except (ConfigError, TypeError, ValueError) as e:
         raise ProtocolError(
             "invalid_value", f"cannot start a {s.mode} session: {e}", "session.speclive"
@@ -275,13 +278,9 @@ class RealtimeSession:
         cfg = services.config
         self.events = TokenBucket(cfg.realtime_events_per_s, 2 * cfg.realtime_events_per_s)
         self.send_timeout_s = cfg.realtime_send_timeout_s
-        self.max_turn_samples = int(cfg.max_audio_s * 16_000)
+        self.turn = TurnConfig(max_turn_s=cfg.max_turn_s)
         #: when the last rate-limit error was sent (one a second at most)
         self.rate_error_t = float("-inf")
-        #: the user's turn in progress: samples pushed since it started, and whether it hit the cap
-        self.in_turn = False
-        self.turn_samples = 0
-        self.turn_capped = False
         #: why the server closes the connection: (code, reason)
         self.close_with: tuple[int, str] | None = None
         #: the client speaks the beta protocol (its event names for response audio)
@@ -351,7 +350,9 @@ class RealtimeSession:
 
     # ---- the pipeline -----------------------------------------------------------------
     async def start_pipeline(self) -> None:
-        self.pipeline = await self.svc.worker("chat").call(_pipeline_for, self.settings, self.models)
+        self.pipeline = await self.svc.worker("chat").call(
+            _pipeline_for, self.settings, self.models, self.turn
+        )
 
     async def compute_loop(self) -> None:
         """Push the audio that arrived, let the pipeline compute in short slices, send what it
@@ -362,7 +363,7 @@ class RealtimeSession:
             chunks, self.audio = self.audio, []
             events: list[ev.Event] = []
             if chunks and pipe is not None:
-                events += await worker.call(pipe.push, await self.cap_turn(np.concatenate(chunks)))
+                events += await worker.call(pipe.push, np.concatenate(chunks))
             out = None
             if pipe is not None:
                 out = await worker.call(lambda p=pipe: p.step(p.clock() + STEP_S))
@@ -379,26 +380,9 @@ class RealtimeSession:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), timeout=0.5)
 
-    async def cap_turn(self, x: np.ndarray) -> np.ndarray:
-        """The audio to push: past ``max_audio_s`` of one turn, silence (so the VAD ends it)."""
-        if not self.in_turn:
-            return x
-        room = self.max_turn_samples - self.turn_samples
-        self.turn_samples += len(x)
-        if room >= len(x):
-            return x
-        x = x.copy()
-        x[max(room, 0) :] = 0.0
-        if not self.turn_capped:
-            self.turn_capped = True
-            limit = self.max_turn_samples / 16_000
-            await self.error("turn_too_long", f"a turn may be at most {limit:g} s of audio: it ends here")
-        return x
-
     # ---- pipeline events -> protocol events ---------------------------------------------
     async def on_event(self, e: ev.Event) -> None:
         if isinstance(e, ev.SpeechStarted):
-            self.in_turn, self.turn_samples, self.turn_capped = True, 0, False
             self.user_item = _id("item")
             self.sent_transcript = ""
             await self.send(
@@ -413,7 +397,6 @@ class RealtimeSession:
                 item_id=self.user_item,
             )
             if e.end_of_turn:
-                self.in_turn = False
                 await self.send(
                     "input_audio_buffer.committed", item_id=self.user_item, previous_item_id=self.prev_item
                 )
@@ -496,6 +479,8 @@ class RealtimeSession:
                 await self.end_response("cancelled")
         elif isinstance(e, ev.Notice):
             await self.send("speclive.notice", code=e.code, message=e.message)
+            if e.code == "max_speech":  # a limit the client hit: also an error, as OpenAI's
+                await self.error("turn_too_long", e.message)
         elif isinstance(e, ev.TurnMetrics):
             metrics = {k: v for k, v in e.to_json().items() if k not in ("type", "extra")}
             await self.send("speclive.turn_metrics", item_id=self.user_item, **metrics)
@@ -750,5 +735,6 @@ async def realtime(ws: WebSocket) -> None:
         slot.release()
         code, reason = (session.close_with if session is not None else None) or (1000, "")
         svc.metrics.realtime_closes.labels(code=str(code)).inc()
+        # (a client that stopped reading cannot take the close frame either: do not wait on it)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(ws.close(code=code, reason=reason), timeout=5)
+            await asyncio.wait_for(ws.close(code=code, reason=reason), timeout=1 if code == CLOSE_SLOW else 5)
