@@ -202,6 +202,10 @@ def add_bench_parser(subparsers: Any) -> None:
 
     add_serve_bench_parser(sub)
 
+    from speclive.bench.reliability import add_fuzz_parser
+
+    add_fuzz_parser(sub)
+
 
 def _floats(text: str) -> list[float]:
     try:

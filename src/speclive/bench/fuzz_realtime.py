@@ -62,8 +62,9 @@ HUGE_FRAME_BYTES = 17 * 1024 * 1024
 @dataclass
 class RealtimeFuzzReport:
     scripts: int = 0
-    #: client frames sent, generated and hostile
+    #: client frames sent, generated and hostile; of them, in generated scripts
     events: int = 0
+    generated_events: int = 0
     server_events: Counter = field(default_factory=Counter)
     error_codes: Counter = field(default_factory=Counter)
     close_codes: Counter = field(default_factory=Counter)
@@ -83,6 +84,7 @@ class RealtimeFuzzReport:
         return {
             "scripts": self.scripts,
             "events": self.events,
+            "generated_events": self.generated_events,
             "server_events": dict(self.server_events.most_common()),
             "error_codes": dict(self.error_codes.most_common()),
             "close_codes": {str(k): v for k, v in sorted(self.close_codes.items())},
@@ -407,6 +409,7 @@ def fuzz_realtime(
         # the example that reaches ``events`` raises ``_Enough``, which ends hypothesis' run
         with contextlib.suppress(_Enough):
             run()
+        report.generated_events = report.events
         if report.events < events:
             report.violations.append(("generation stopped early", f"{report.events} events sent"))
         check_batch()
