@@ -15,7 +15,7 @@ import pytest
 
 from speclive.cli import main
 from speclive.errors import ConfigError, ContextOverflowError, SessionClosedError
-from speclive.sessions.predictive import PredictiveResponder
+from speclive.sessions.predictive import PredictiveResponder, chat_prompt
 from speclive.sessions.simulate import simulate_user, word_arrivals
 from speclive.tts.sentences import first_sentence_end, split_sentences
 
@@ -286,3 +286,18 @@ def test_bench_classifies_greedy_divergences(llama_smol):
     found = check_greedy_exactness(records, llama_smol, near_tie=0.5)
     assert [(d["method"], d["position"], d["verdict"]) for d in found] == [("greedy@fits", pos, "bug")]
     assert found[0]["rerun_matches_ref"]  # AR re-run on the normalized prompt reproduces the baseline
+
+
+def test_a_long_conversation_drops_its_oldest_turns_to_fit_the_context(llama_smol):
+    turn = "Tell me more about the history of the Roman empire and its emperors, please. " * 8
+    history = []
+    for i in range(30):
+        history += [{"role": "user", "content": f"{i}: {turn}"}, {"role": "assistant", "content": turn}]
+    s = PredictiveResponder(llama_smol, max_tokens=64, history=history)
+    ids = s.prompt_ids("And what came after?")
+    assert len(ids) + 64 <= llama_smol.n_ctx
+    text = llama_smol.tokenizer.decode(ids)
+    assert "29: Tell me" in text and "0: Tell me" not in text  # the newest turns stay
+    assert len(chat_prompt(llama_smol.tokenizer, "And what came after?", history)) > llama_smol.n_ctx
+    short = PredictiveResponder(llama_smol, max_tokens=64, history=history[-2:])
+    assert short.prompt_ids("Hi") == chat_prompt(llama_smol.tokenizer, "Hi", history[-2:])

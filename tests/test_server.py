@@ -340,6 +340,15 @@ def test_unknown_model_is_404(srv):
         404,
         "model_not_found",
     )
+    # names that are paths never reach the file system: only the served names resolve
+    from speclive.models.install import installed_path
+
+    real_file = str(installed_path("smollm2-135m-instruct"))
+    for name in (real_file, "../../../../etc/passwd", "/etc/passwd", "~/.cache/speclive"):
+        body = {"model": name, "messages": _ask("hi"), "max_tokens": 1}
+        _err(srv.http.post("/v1/chat/completions", json=body), 404, "model_not_found")
+        speech = {"model": "tts-1", "voice": name, "input": "x"}
+        assert srv.http.post("/v1/audio/speech", json=speech).status_code in (400, 404)
 
 
 def test_context_overflow_is_400(srv):

@@ -206,6 +206,10 @@ def add_bench_parser(subparsers: Any) -> None:
 
     add_fuzz_parser(sub)
 
+    from speclive.bench.soak import add_soak_parser
+
+    add_soak_parser(sub)
+
 
 def _floats(text: str) -> list[float]:
     try:

@@ -95,8 +95,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(name: str, cmd: list[str], port: int, log_dir: Path, timeout: float = 600) -> Running:
-    """Start ``cmd`` and wait until ``GET /v1/models`` answers; its output goes to a log file."""
+def start_server(
+    name: str, cmd: list[str], port: int, log_dir: Path, timeout: float = 600, ready: str = "/v1/models"
+) -> Running:
+    """Start ``cmd`` and wait until ``GET ready`` answers; its output goes to a log file."""
     log = log_dir / f"{name.replace('.', '_')}.log"
     fh = log.open("w")
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
@@ -106,7 +108,7 @@ def start_server(name: str, cmd: list[str], port: int, log_dir: Path, timeout: f
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited with {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
         try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+            if httpx.get(f"{url}{ready}", timeout=2).status_code == 200:
                 return Running(name, url, proc, log)
         except httpx.HTTPError:
             pass

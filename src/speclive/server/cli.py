@@ -10,6 +10,10 @@ if TYPE_CHECKING:
     from speclive.server.config import ServerConfig
 
 
+#: how long a shutdown waits for responses in flight
+GRACEFUL_S = 30
+
+
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     from speclive.cli import _add_engine_args
 
@@ -117,5 +121,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
+    # SIGTERM / Ctrl-C: no new connections; responses in flight finish (realtime sessions get a
+    # 1012 close), for at most GRACEFUL_S seconds
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=GRACEFUL_S,
+    )
     return 0

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
+from speclive.errors import ConfigError
 from speclive.server.config import ServerConfig
 from speclive.server.errors import APIError
 from speclive.server.metrics import Metrics
@@ -94,6 +96,7 @@ class Services:
         """Load every engine (``preload``). The chat model must load (a server without it is
         useless: startup fails); a speech model that fails is logged and its endpoint answers
         503 until a later request loads it."""
+        await asyncio.to_thread(verify_installed, self._model_names())
         await self.engine("chat")
         for kind in KINDS[1:]:
             try:
@@ -104,6 +107,11 @@ class Services:
             await self.live_whisper()
         except Exception:
             log.exception("the realtime sessions' Whisper could not be loaded (it is retried per session)")
+
+    def _model_names(self) -> list[str]:
+        c = self.config
+        draft = c.asr_draft if not c.asr_draft.startswith("self:") else None
+        return [n for n in (c.model, c.draft_model, c.asr_model, draft, c.tts_voice) if n]
 
     async def live_whisper(self) -> Any:
         """The Whisper of realtime sessions, loaded once on the chat worker (which runs them)."""
@@ -130,3 +138,25 @@ class Services:
     def close(self) -> None:
         for w in self._workers.values():
             w.close()
+
+
+def verify_installed(names: list[str]) -> None:
+    """Re-hash every file of the installed registry models among ``names`` before they load;
+    a file that fails its SHA-256 stops the server (``ConfigError``). Paths, hub ids and models
+    not installed yet (the installer hashes them as it writes them) are left out."""
+    from speclive.models.install import is_installed, verify
+    from speclive.models.registry import REGISTRY
+
+    t0 = time.perf_counter()
+    checked = 0
+    for name in dict.fromkeys(names):
+        if name not in REGISTRY or not is_installed(name):
+            continue
+        bad = [(f, detail) for f, ok, detail in verify(name) if not ok]
+        if bad:
+            raise ConfigError(
+                f"model {name!r} fails its integrity check: {bad[0][0]}: {bad[0][1]} "
+                f"(reinstall it: speclive models install {name} --force)"
+            )
+        checked += 1
+    log.info("SHA-256 checked %d installed models in %.1f s", checked, time.perf_counter() - t0)

@@ -253,8 +253,16 @@ class PredictiveResponder:
     # ---- prompts -------------------------------------------------------------------------
     def prompt_ids(self, partial: str) -> list[int]:
         """The chat prompt; the system prompt is there for the final prompt too (and for the
-        baselines), so greedy PredGen and the cascade answer the very same prompt."""
-        return chat_prompt(self.tok, partial, self.history, self.cfg.system)
+        baselines), so greedy PredGen and the cascade answer the very same prompt. The oldest
+        turns of the history are left out until the prompt and an answer of ``max_tokens`` fit
+        in the model's context (a long conversation goes on instead of overflowing)."""
+        history = self.history
+        budget = self.backend.n_ctx - self.cfg.max_tokens
+        ids = chat_prompt(self.tok, partial, history, self.cfg.system)
+        while len(ids) > budget and history:
+            history = history[2:]  # one user turn and its answer
+            ids = chat_prompt(self.tok, partial, history, self.cfg.system)
+        return ids
 
     def _answer_ids(self, word: str) -> list[int]:
         ids = {self.tok.encode(w)[0] for w in (word, word.capitalize(), " " + word) if self.tok.encode(w)}

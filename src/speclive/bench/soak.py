@@ -1,0 +1,394 @@
+"""``speclive bench soak``: many voice sessions and chat clients against one server for minutes.
+
+``speclive serve`` runs as a separate process (its memory and descriptors are its own, read from
+its ``/metrics``). ``--sessions`` realtime clients each hold one WebSocket for the whole run and
+speak their own question in a loop at a microphone's pace (100 ms chunks, then silence), waiting
+for the answer each time; ``--chat-clients`` threads send chat completions in a loop. Every
+``--sample-s`` seconds the server's RSS, open descriptors, event-loop tasks and live sessions are
+read.
+
+Figures: turns and chat requests completed, errors (error events, failed requests, closed
+connections, turns that got no answer), RSS and descriptors after the warm-up and at the end
+(growth), crossed transcripts (a turn whose transcript is closer to another session's question
+than to its own), voice-to-voice latency (end of speech sent -> first answer audio received)
+p50/p99 per time window. Results: ``benchmarks/results/soak-<tag>.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from speclive.bench import report
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "Why is the sky blue during the day?",
+    "Name three colors of the rainbow.",
+    "What do bees make from flowers?",
+    "How far away is the moon from the earth?",
+    "Who wrote the play Romeo and Juliet?",
+    "What is the boiling point of water?",
+    "Can you recommend a good book about space?",
+    "What is the largest ocean on our planet?",
+    "How do airplanes stay in the air?",
+    "What is the tallest mountain in the world?",
+    "Tell me a fun fact about elephants.",
+    "What is the main ingredient of guacamole?",
+    "How many days are there in a leap year?",
+    "Which planet is known as the red planet?",
+)
+CHAT_PROMPTS = ("Give me one tip for sleeping well.", "Write a haiku about rain.", "What is 17 times 3?")
+
+
+def add_soak_parser(sub: Any) -> None:
+    p = sub.add_parser("soak", help="realtime voice sessions and chat clients against one server for minutes")
+    p.add_argument("--sessions", type=int, default=16, help="realtime voice sessions at once")
+    p.add_argument("--chat-clients", type=int, default=2)
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--warmup-minutes", type=float, default=None, help="default: a fifth of the run")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--asr-model", default="whisper-tiny.en")
+    p.add_argument("--asr-draft", default="self:1")
+    p.add_argument("--sample-s", type=float, default=10.0)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--tag", default=None, help="results name: soak-<tag>.*")
+    p.add_argument("--no-plot", action="store_true")
+    p.set_defaults(func=cmd_soak)
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+def closest_question(transcript: str, questions: tuple[str, ...]) -> int:
+    """Index of the question whose words the transcript shares most (Jaccard)."""
+    w = _words(transcript)
+
+    def score(q: str) -> float:
+        qw = _words(q)
+        return len(w & qw) / max(1, len(w | qw))
+
+    return max(range(len(questions)), key=lambda i: score(questions[i]))
+
+
+def _spoken(questions: tuple[str, ...], voice: str) -> list[np.ndarray]:
+    """Each question spoken by Piper, 16 kHz, with 1.5 s of silence after it."""
+    from speclive.server.audio import resample
+    from speclive.tts.piper import PiperTTS
+
+    tts = PiperTTS(voice)
+    out = []
+    for q in questions:
+        a = tts.synthesize(q)
+        x = resample(a.samples, a.sample_rate, 16_000)
+        out.append(np.concatenate([np.zeros(3200, np.float32), x, np.zeros(24_000, np.float32)]))
+    return out
+
+
+class _Voice(threading.Thread):
+    """One realtime session speaking its question in a loop until ``deadline``."""
+
+    def __init__(self, i: int, url: str, key: str, audio: np.ndarray, deadline: float, t0: float):
+        super().__init__(daemon=True, name=f"soak-voice-{i}")
+        self.i, self.url, self.key, self.audio, self.deadline, self.t0 = i, url, key, audio, deadline, t0
+        self.turns: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        from websockets.sync.client import connect
+
+        ws_url = self.url.replace("http://", "ws://") + "/v1/realtime"
+        try:
+            with connect(
+                ws_url,
+                additional_headers={"Authorization": f"Bearer {self.key}"},
+                open_timeout=120,
+                max_size=None,
+            ) as ws:
+                ws.send(
+                    json.dumps({"type": "session.update", "session": {"speclive": {"sample_rate": 16_000}}})
+                )
+                while time.perf_counter() < self.deadline:
+                    self.turns.append(self._turn(ws))
+        except Exception as e:  # the connection failed or closed: an error of the soak
+            self.errors.append(f"session {self.i}: {type(e).__name__}: {e}")
+
+    def _turn(self, ws) -> dict[str, Any]:
+        rec: dict[str, Any] = {"session": self.i, "t": time.perf_counter() - self.t0, "latency_s": None}
+        done = threading.Event()
+        sent: dict[str, float] = {}
+
+        def read() -> None:
+            try:
+                while not done.is_set():
+                    msg = json.loads(ws.recv(timeout=300))
+                    kind = msg["type"]
+                    if kind == "response.output_audio.delta" and rec["latency_s"] is None and "end" in sent:
+                        rec["latency_s"] = time.perf_counter() - sent["end"]
+                    elif kind == "conversation.item.input_audio_transcription.completed":
+                        rec["transcript"] = msg["transcript"]
+                    elif kind == "error":
+                        rec.setdefault("errors", []).append(msg["error"].get("code"))
+                    elif kind == "response.done":
+                        rec["status"] = msg["response"]["status"]
+                        return
+            except Exception as e:
+                rec["failure"] = f"{type(e).__name__}: {e}"
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        step = 1600
+        speech_end = len(self.audio) - 24_000
+        t0 = time.perf_counter()
+        for k, i in enumerate(range(0, len(self.audio), step)):
+            time.sleep(max(0.0, t0 + k * step / 16_000 - time.perf_counter()))
+            pcm = (np.clip(self.audio[i : i + step], -1, 1) * 32767).astype("<i2").tobytes()
+            ws.send(
+                json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+            )
+            if "end" not in sent and i + step >= speech_end:
+                sent["end"] = time.perf_counter()
+        reader.join(300)
+        done.set()
+        if reader.is_alive():
+            rec["failure"] = "no answer within 300 s"
+        return rec
+
+
+class _Chat(threading.Thread):
+    def __init__(self, i: int, url: str, key: str, deadline: float, t0: float):
+        super().__init__(daemon=True, name=f"soak-chat-{i}")
+        self.i, self.url, self.key, self.deadline, self.t0 = i, url, key, deadline, t0
+        self.done = 0
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        headers = {"Authorization": f"Bearer {self.key}"}
+        with httpx.Client(base_url=self.url, headers=headers, timeout=300) as http:
+            k = self.i
+            while time.perf_counter() < self.deadline:
+                body = {
+                    "model": "default",
+                    "messages": [{"role": "user", "content": CHAT_PROMPTS[k % len(CHAT_PROMPTS)]}],
+                    "max_tokens": 48,
+                }
+                k += 1
+                try:
+                    r = http.post("/v1/chat/completions", json=body)
+                    if r.status_code == 200:
+                        self.done += 1
+                    else:
+                        self.errors.append(f"chat {r.status_code}: {r.text[:200]}")
+                        time.sleep(1.0)
+                except httpx.HTTPError as e:
+                    self.errors.append(f"chat: {type(e).__name__}: {e}")
+                    time.sleep(1.0)
+
+
+def run_soak(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    from speclive.bench.fuzz_realtime import scrape
+    from speclive.bench.serve import _free_port, start_server, stop_server
+
+    key = "soak-key"
+    port = _free_port()
+    questions = tuple(QUESTIONS[i % len(QUESTIONS)] for i in range(args.sessions))
+    print(f"speaking {len(set(questions))} questions with Piper ...", file=sys.stderr)
+    audio = _spoken(tuple(dict.fromkeys(questions)), "piper-joe-medium")
+    by_q = dict(zip(dict.fromkeys(questions), audio, strict=True))
+    cmd = [sys.executable, "-m", "speclive.cli", "serve", "--port", str(port), "--model", args.model]
+    cmd += ["--asr-model", args.asr_model, "--asr-draft", args.asr_draft, "--api-key", key]
+    cmd += ["--max-sessions", str(args.sessions + args.chat_clients + 1), "--log-level", "warning"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    srv = start_server("speclive-soak", cmd, port, args.out, timeout=900, ready="/health")
+    samples: list[dict[str, float]] = []
+    try:
+        http = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        t0 = time.perf_counter()
+        deadline = t0 + args.minutes * 60
+        voices = [_Voice(i, srv.url, key, by_q[q], deadline, t0) for i, q in enumerate(questions)]
+        chats = [_Chat(i, srv.url, key, deadline, t0) for i in range(args.chat_clients)]
+        for th in [*voices, *chats]:
+            th.start()
+            time.sleep(0.2)  # a staggered start, as callers arrive
+        while any(th.is_alive() for th in [*voices, *chats]):
+            samples.append({"t": time.perf_counter() - t0, **scrape(http)})
+            last = time.perf_counter() - t0
+            print(
+                f"  {last / 60:.1f} min: {sum(len(v.turns) for v in voices)} turns, "
+                f"{sum(c.done for c in chats)} chats, RSS {samples[-1].get('rss_bytes', 0) / 2**20:.0f} MiB",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(args.sample_s)
+        for th in [*voices, *chats]:
+            th.join(400)
+        samples.append({"t": time.perf_counter() - t0, **scrape(http)})
+        health = http.get("/health").status_code
+    finally:
+        stop_server(srv)
+    return summarize_soak(args, command, questions, voices, chats, samples, health)
+
+
+def summarize_soak(args, command, questions, voices, chats, samples, health) -> dict[str, Any]:
+    turns = [t for v in voices for t in v.turns]
+    errors = [e for v in voices for e in v.errors] + [e for c in chats for e in c.errors]
+    crossed = 0
+    for t in turns:
+        errors += [f"session {t['session']}: error event {c}" for c in t.get("errors", [])]
+        if t.get("failure"):
+            errors.append(f"session {t['session']}: {t['failure']}")
+        elif t.get("latency_s") is None:
+            errors.append(f"session {t['session']}: a turn without answer audio")
+        if t.get("transcript") is not None:
+            own = questions[t["session"]]
+            t["own"] = questions[closest_question(t["transcript"], questions)] == own
+            crossed += not t["own"]
+    warm_s = (args.warmup_minutes if args.warmup_minutes is not None else args.minutes / 5) * 60
+    after_warm = [s for s in samples if s["t"] >= warm_s] or samples[-1:]
+    start, end = after_warm[0], samples[-1]
+    windows = []
+    span = max(60.0, args.minutes * 60 / 10)
+    lat = [(t["t"], t["latency_s"]) for t in turns if t.get("latency_s") is not None]
+    for w0 in np.arange(0, args.minutes * 60, span):
+        xs = [x for t, x in lat if w0 <= t < w0 + span]
+        if xs:
+            windows.append(
+                {
+                    "from_min": round(w0 / 60, 1),
+                    "turns": len(xs),
+                    "p50_s": float(np.percentile(xs, 50)),
+                    "p99_s": float(np.percentile(xs, 99)),
+                }
+            )
+    all_lat = [x for _, x in lat]
+    summary = {
+        "turns": len(turns),
+        "turns_answered": len(all_lat),
+        "chat_requests": sum(c.done for c in chats),
+        "errors": len(errors),
+        "crossed_transcripts": crossed,
+        "transcribed_turns": sum(1 for t in turns if t.get("transcript") is not None),
+        "rss_mib_after_warmup": start.get("rss_bytes", 0) / 2**20,
+        "rss_mib_end": end.get("rss_bytes", 0) / 2**20,
+        "rss_growth_pct": 100 * (end.get("rss_bytes", 0) / max(1.0, start.get("rss_bytes", 1)) - 1),
+        "open_fds_after_warmup": start.get("open_fds"),
+        "open_fds_end": end.get("open_fds"),
+        "latency_p50_s": float(np.percentile(all_lat, 50)) if all_lat else None,
+        "latency_p99_s": float(np.percentile(all_lat, 99)) if all_lat else None,
+        "health_at_end": health,
+    }
+    header = {
+        "machine": report.machine_info(),
+        "command": command,
+        "models": f"{args.model} (llama.cpp), {args.asr_model} (draft {args.asr_draft}), Piper",
+        "settings": {
+            "sessions": args.sessions,
+            "chat_clients": args.chat_clients,
+            "minutes": args.minutes,
+            "warmup_s": warm_s,
+        },
+    }
+    return {
+        "header": header,
+        "summary": summary,
+        "windows": windows,
+        "samples": samples,
+        "turns": turns,
+        "errors": errors[:200],
+    }
+
+
+def soak_markdown(result: dict[str, Any]) -> str:
+    s = result["summary"]
+    p50, p99 = report._fmt(s["latency_p50_s"]), report._fmt(s["latency_p99_s"])
+    lines = report.markdown_preamble("Soak: realtime voice sessions and chat clients", result["header"])
+    lines += [
+        "| figure | value |",
+        "|---|---|",
+        f"| voice turns (answered) | {s['turns']} ({s['turns_answered']}) |",
+        f"| chat completions | {s['chat_requests']} |",
+        f"| errors | {s['errors']} |",
+        f"| crossed transcripts | {s['crossed_transcripts']} of {s['transcribed_turns']} |",
+        f"| RSS after warm-up → end (MiB) | {s['rss_mib_after_warmup']:.0f} → {s['rss_mib_end']:.0f} "
+        f"({s['rss_growth_pct']:+.1f} %) |",
+        f"| open fds after warm-up → end | {s['open_fds_after_warmup']} → {s['open_fds_end']} |",
+        f"| voice-to-voice p50 / p99 (s) | {p50} / {p99} |",
+        f"| /health at the end | {s['health_at_end']} |",
+        "",
+        "Latency over time:",
+        "",
+        report.md_table(
+            [
+                ("from_min", "from (min)", 1),
+                ("turns", "turns", 0),
+                ("p50_s", "p50 (s)", 2),
+                ("p99_s", "p99 (s)", 2),
+            ],
+            result["windows"],
+        ),
+    ]
+    if result["errors"]:
+        lines += ["", "First errors:", ""] + [f"- {e}" for e in result["errors"][:10]]
+    return "\n".join(lines)
+
+
+def plot_soak(path: Path, result: dict[str, Any]) -> Path:
+    plt = report._pyplot()
+    fig, (a, b) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    smp = result["samples"]
+    a.plot([x["t"] / 60 for x in smp], [x.get("rss_bytes", 0) / 2**20 for x in smp], label="RSS (MiB)")
+    a.set_ylabel("server RSS (MiB)")
+    a2 = a.twinx()
+    a2.plot([x["t"] / 60 for x in smp], [x.get("open_fds", 0) for x in smp], color="tab:gray", ls="--")
+    a2.set_ylabel("open fds", color="tab:gray")
+    turns = [t for t in result["turns"] if t.get("latency_s") is not None]
+    b.scatter([t["t"] / 60 for t in turns], [t["latency_s"] for t in turns], s=6, alpha=0.5, label="turn")
+    w = result["windows"]
+    b.plot([x["from_min"] for x in w], [x["p50_s"] for x in w], "k-", label="p50 per window")
+    b.plot([x["from_min"] for x in w], [x["p99_s"] for x in w], "r-", label="p99 per window")
+    b.set_xlabel("minutes")
+    b.set_ylabel("voice-to-voice latency (s)")
+    b.legend(loc="upper left")
+    s = result["header"]["settings"]
+    fig.suptitle(f"soak: {s['sessions']} voice sessions + {s['chat_clients']} chat clients")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def cmd_soak(args: argparse.Namespace) -> int:
+    tag = f"soak-{args.tag or args.model}"
+    command = report.command_line(
+        [
+            "speclive",
+            "bench",
+            "soak",
+            "--sessions",
+            str(args.sessions),
+            "--chat-clients",
+            str(args.chat_clients),
+        ]
+        + ["--minutes", str(args.minutes), "--model", args.model, "--asr-model", args.asr_model]
+        + ["--asr-draft", args.asr_draft, "--tag", tag.removeprefix("soak-")]
+    )
+    result = run_soak(args, command)
+    for p in report.write_result_files(
+        result, args.out, tag, soak_markdown, None if args.no_plot else plot_soak
+    ):
+        print(f"wrote {p}", file=sys.stderr)
+    print(soak_markdown(result))
+    s = result["summary"]
+    return 1 if s["errors"] or s["crossed_transcripts"] else 0
