@@ -93,7 +93,9 @@ def _load_backend(
         path: str | Path = hf_dir_for_gguf(ref.gguf, ref.name if ref.source == "registry" else None)
     else:
         path = ref.path or ref.hub_id  # type: ignore[assignment]
-    return HFBackend.load(str(path), name=ref.name, dtype=dtype, device=device, n_ctx=n_ctx, threads=threads)
+    return HFBackend.load(
+        str(path), name=ref.name, dtype=dtype, device=device, n_ctx=n_ctx, threads=threads
+    )
 
 
 def _draft_device(target: Backend, backend: str) -> str:
@@ -140,7 +142,9 @@ def make_drafter(
                 f"--drafter model needs --draft-model for target {target.name!r} "
                 f"(defaults exist for: {', '.join(DEFAULT_DRAFT)})"
             )
-        draft = load_backend(draft_name, backend, n_ctx=target.n_ctx, device=_draft_device(target, backend))
+        draft = load_backend(
+            draft_name, backend, n_ctx=target.n_ctx, device=_draft_device(target, backend)
+        )
         return ModelDrafter(draft, max_len=max_len or 24, threshold=threshold)
     from speclive.drafting.crossvocab import CrossVocabDrafter
 
@@ -183,7 +187,9 @@ def _talon_drafter(
     if name == "hybrid":
         from speclive.drafting.hybrid import HybridDrafter
 
-        draft = load_backend(draft_name, backend, n_ctx=target.n_ctx, device=_draft_device(target, backend))
+        draft = load_backend(
+            draft_name, backend, n_ctx=target.n_ctx, device=_draft_device(target, backend)
+        )
         return HybridDrafter(draft, store, hcfg, scfg)
     from speclive.drafting.asyncdraft import AsyncHybridDrafter
 

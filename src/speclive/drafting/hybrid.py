@@ -138,7 +138,9 @@ class HybridDrafter(SuffixDrafter):
         t_t = self._step_seconds()
         return t_d / t_t if t_d and t_t else 0.45
 
-    def model_length(self, retrieval_gain: float | Callable[[], float], context: Sequence[int] = ()) -> int:
+    def model_length(
+        self, retrieval_gain: float | Callable[[], float], context: Sequence[int] = ()
+    ) -> int:
         """Model chain length to draft this step (0: the model does not pay over retrieval).
 
         ``retrieval_gain``: the best retrieval tree's expected gain, or a function computing it
