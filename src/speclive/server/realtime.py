@@ -717,6 +717,11 @@ async def realtime(ws: WebSocket) -> None:
     except WebSocketDisconnect:
         pass
     finally:
+        failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+        if session is not None and failed and not isinstance(failed[0].exception(), WebSocketDisconnect):
+            # the pipeline failed (a bug): the client is told before the connection closes
+            await session.error("server_error", "the session failed on the server and ends")
+            session.close_with = (1011, "internal error")
         if session is not None:
             session.closed = True
             session.wake.set()
