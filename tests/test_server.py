@@ -397,6 +397,13 @@ def test_auth(srv):
 
     with pytest.raises(openai.AuthenticationError):
         OpenAI(base_url=f"{srv.url}/v1", api_key="nope", max_retries=0).models.list()
+    # same-origin only: no CORS headers for a page of another origin, preflight or not
+    evil = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
+    for r in (
+        srv.http.get("/v1/models", headers={"Origin": evil["Origin"]}),
+        srv.http.options("/v1/chat/completions", headers=evil),
+    ):
+        assert not any(h.startswith("access-control-") for h in r.headers), r.headers
 
 
 def test_metrics(srv):
