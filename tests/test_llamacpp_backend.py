@@ -336,6 +336,24 @@ def test_eviction_and_sequential_states(gguf: Path, tok: Tokenizer, prefix: list
         assert be.cache_len(s4) == 4
 
 
+def test_an_evicted_state_is_restored_on_use_when_asked(
+    gguf: Path, tok: Tokenizer, prefix: list[int]
+) -> None:
+    with LlamaCppBackend(
+        gguf, tok, n_ctx=256, n_threads=THREADS, max_states=1, max_tree_branches=2, restore_evicted=True
+    ) as be:
+        s1 = be.new_state()
+        want = be.extend(s1, prefix)
+        s2 = be.new_state()  # evicts s1
+        be.extend(s2, prefix[:3])
+        assert s1.evicted and be.restores == 0
+        got = be.extend(s1, [7])  # restored: the prefix again, then the new token
+        assert be.restores == 1 and not s1.evicted and s2.evicted and be.cache_len(s1) == len(prefix) + 1
+        ref = be.new_state()  # evicts s1 again: a fresh evaluation of the same tokens
+        assert_close(got, be.extend(ref, prefix + [7])[-1:], "restored state")
+        assert_close(want[-1:], be.extend(be.new_state(), prefix)[-1:], "fresh state")
+
+
 def test_single_state_backend(
     gguf: Path, tok: Tokenizer, backend: LlamaCppBackend, prefix: list[int]
 ) -> None:

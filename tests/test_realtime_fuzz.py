@@ -65,9 +65,9 @@ def test_fuzzed_realtime_events_and_hostile_clients(llama_smol):
         api_key=KEY,
         max_sessions=3,
         max_turn_s=4.0,
-        realtime_idle_s=3.0,
+        realtime_idle_s=2.0,
         realtime_events_per_s=2000.0,
-        realtime_send_timeout_s=3.0,
+        realtime_send_timeout_s=2.0,
     )
     app = create_app(config, backend=llama_smol, tts=tts, live_transcriber=live)
     spoken = tts.synthesize("What is the capital of France?")
@@ -78,13 +78,13 @@ def test_fuzzed_realtime_events_and_hostile_clients(llama_smol):
         lg.addHandler(errors)
     try:
         with serve_in_thread(app) as url:
-            report = fuzz_realtime(url, config, events=300, api_key=KEY, speech=speech, batch_events=100)
+            report = fuzz_realtime(url, config, events=200, api_key=KEY, speech=speech, batch_events=100)
     finally:
         for lg in loggers:
             lg.removeHandler(errors)
     r = report.to_dict()
     print(r)
-    assert r["events"] >= 300 and r["scripts"] >= 10
+    assert r["generated_events"] >= 200 and r["scripts"] >= 10
     assert not r["violations"], r["violations"]
     assert set(r["scenarios"].values()) == {"ok"}, r["scenarios"]
     assert len(r["scenarios"]) == 6

@@ -20,7 +20,8 @@ KV-cache layout (one llama.cpp context, unified KV buffer, flash attention off):
 
 Several states can live at once (``max_states``, default 4). When ``new_state``/``fork`` needs a
 home and none is free, the least recently used state is *evicted*: its cache is cleared and any
-later use raises ``RuntimeError`` until it is reset with ``truncate(state, 0)`` or ``release``.
+later use raises ``RuntimeError`` until it is reset with ``truncate(state, 0)`` or ``release``
+(with ``restore_evicted``, its next use instead prefills its tokens again in a new home).
 With ``max_states=1`` every new state thus replaces the previous one (plain sequential use).
 States that are garbage collected give their home back automatically. All states share the
 KV cells of the context (``n_cells``, at least ``n_ctx``); running out raises
@@ -121,7 +122,13 @@ class LlamaCppBackend(Backend):
         max_tree_branches: int = 16,
         max_states: int = 4,
         repack: bool = True,
+        restore_evicted: bool = False,
     ) -> None:
+        #: an evicted state is restored on its next use (its tokens prefilled again into a home
+        #: taken from the least recently used state) instead of raising; for many sessions on
+        #: one backend, as the server has
+        self.restore_evicted = restore_evicted
+        self.restores = 0
         lib = _lib()
         self._lib = lib
         self._model: Any = None
@@ -294,6 +301,13 @@ class LlamaCppBackend(Backend):
         """The state, with a home sequence id (re-acquired after a release)."""
         st = self._as_state(state)
         if st.seq < 0:
+            if st.evicted and self.restore_evicted and st.pending is None:
+                tokens = list(st.tokens)
+                self._acquire(st)
+                if tokens:
+                    self._run(tokens, np.arange(len(tokens), dtype=np.int32), None, st.seq, [st.seq], True)
+                self.restores += 1
+                return st
             if st.evicted:
                 raise RuntimeError(
                     "this llama.cpp state was evicted to make room for a newer one (max_states="

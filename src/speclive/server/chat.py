@@ -77,6 +77,10 @@ class ChatEngine:
         #: generations that can hold a KV state at once (llama.cpp: ``max_states``; more would
         #: evict each other's caches)
         self.max_parallel: int | None = getattr(backend, "max_states", None)
+        if hasattr(backend, "restore_evicted"):
+            # realtime sessions hold KV states too: a state evicted to make room for another
+            # session is prefilled again when its owner next needs it, instead of failing it
+            backend.restore_evicted = True
 
     @classmethod
     def load(cls, config: ServerConfig) -> ChatEngine:
