@@ -50,19 +50,28 @@ def load_backend(
     threads: int | None = None,
     dtype: str = "float32",
     device: str = "cpu",
+    max_states: int | None = None,
 ) -> Backend:
     """Load ``model`` on ``backend`` (cached per process: backends are heavy).
 
     ``device`` places the transformers backend ("cuda", "cuda:1", ...); the llama.cpp build
-    speclive installs is CPU-only, so it takes "cpu" alone.
+    speclive installs is CPU-only, so it takes "cpu" alone. ``max_states``: KV states the
+    llama.cpp backend holds at once (default 4); each one past the first adds ``n_ctx / 4``
+    KV cells to the shared cache.
     """
     # one cache key however the arguments were spelled (keyword or default)
-    return _load_backend(model, backend, n_ctx, threads, dtype, device)
+    return _load_backend(model, backend, n_ctx, threads, dtype, device, max_states)
 
 
 @functools.lru_cache(maxsize=8)
 def _load_backend(
-    model: str, backend: str, n_ctx: int | None, threads: int | None, dtype: str, device: str
+    model: str,
+    backend: str,
+    n_ctx: int | None,
+    threads: int | None,
+    dtype: str,
+    device: str,
+    max_states: int | None = None,
 ) -> Backend:
     _choice("backend", backend, BACKENDS)
     if backend == "llamacpp" and device != "cpu":
@@ -82,8 +91,19 @@ def _load_backend(
                 f"llama-cpp-python is not installed ({e}); `pip install llama-cpp-python==0.3.36` "
                 "or use --backend hf"
             ) from e
+        if max_states is None:
+            return LlamaCppBackend(
+                ref.gguf, tokenizer_for(ref), name=ref.name, n_ctx=n_ctx or 4096, n_threads=threads
+            )
+        ctx = n_ctx or 4096
         return LlamaCppBackend(
-            ref.gguf, tokenizer_for(ref), name=ref.name, n_ctx=n_ctx or 4096, n_threads=threads
+            ref.gguf,
+            tokenizer_for(ref),
+            name=ref.name,
+            n_ctx=ctx,
+            n_threads=threads,
+            max_states=max_states,
+            n_cells=ctx + (max_states - 1) * ctx // 4,
         )
     from speclive.backends.hf import HFBackend
 

@@ -123,6 +123,7 @@ class LlamaCppBackend(Backend):
         max_states: int = 4,
         repack: bool = True,
         restore_evicted: bool = False,
+        n_cells: int | None = None,
     ) -> None:
         #: an evicted state is restored on its next use (its tokens prefilled again into a home
         #: taken from the least recently used state) instead of raising; for many sessions on
@@ -174,7 +175,8 @@ class LlamaCppBackend(Backend):
             )
 
         cparams = lib.llama_context_default_params()
-        cparams.n_ctx = self.n_ctx
+        # the KV cells all states share (at least n_ctx; one prompt stays limited to n_ctx)
+        cparams.n_ctx = max(self.n_ctx, int(n_cells or 0))
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = self.n_batch
         cparams.n_seq_max = n_seq

@@ -86,8 +86,16 @@ class ChatEngine:
     def load(cls, config: ServerConfig) -> ChatEngine:
         from speclive.loader import load_backend
 
+        # llama.cpp: a KV state per session the server may hold (it allows 15 with the default
+        # tree width), so sessions seldom evict each other
+        states = min(15, max(4, config.max_sessions)) if config.backend == "llamacpp" else None
         backend = load_backend(
-            config.model, config.backend, n_ctx=config.n_ctx, threads=config.threads, device=config.device
+            config.model,
+            config.backend,
+            n_ctx=config.n_ctx,
+            threads=config.threads,
+            device=config.device,
+            max_states=states,
         )
         engine = cls(backend, config)
         # a drafter recipe that cannot be built (a missing --draft-model) fails the load, not
