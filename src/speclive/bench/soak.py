@@ -110,20 +110,24 @@ class _Voice(threading.Thread):
         from websockets.sync.client import connect
 
         ws_url = self.url.replace("http://", "ws://") + "/v1/realtime"
-        try:
-            with connect(
-                ws_url,
-                additional_headers={"Authorization": f"Bearer {self.key}"},
-                open_timeout=120,
-                max_size=None,
-            ) as ws:
-                ws.send(
-                    json.dumps({"type": "session.update", "session": {"speclive": {"sample_rate": 16_000}}})
-                )
-                while time.perf_counter() < self.deadline:
-                    self.turns.append(self._turn(ws))
-        except Exception as e:  # the connection failed or closed: an error of the soak
-            self.errors.append(f"session {self.i}: {type(e).__name__}: {e}")
+        while time.perf_counter() < self.deadline:  # a failed connection is counted, then redialled
+            try:
+                with connect(
+                    ws_url,
+                    additional_headers={"Authorization": f"Bearer {self.key}"},
+                    open_timeout=120,
+                    max_size=None,
+                ) as ws:
+                    update = {"type": "session.update", "session": {"speclive": {"sample_rate": 16_000}}}
+                    ws.send(json.dumps(update))
+                    while time.perf_counter() < self.deadline:
+                        rec = self._turn(ws)
+                        self.turns.append(rec)
+                        if rec.get("failure"):
+                            break  # the connection's reader may still be waiting: start afresh
+            except Exception as e:  # the connection failed or closed: an error of the soak
+                self.errors.append(f"session {self.i}: {type(e).__name__}: {e}")
+                time.sleep(1.0)
 
     def _turn(self, ws) -> dict[str, Any]:
         rec: dict[str, Any] = {"session": self.i, "t": time.perf_counter() - self.t0, "latency_s": None}
