@@ -10,6 +10,12 @@ import os
 
 import pytest
 
+# Idle OpenMP threads (torch, llama.cpp's ggml) sleep instead of spinning. On a 2-core machine
+# shared with other processes, spinning threads wait for a descheduled sibling and a forward
+# of the tiny test models gets 10-40x slower. Read when the OpenMP runtime loads, so it is set
+# here, before anything imports torch or llama_cpp; subprocesses of the tests inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 SMALL = "smollm2-135m-instruct"
 
 
@@ -39,9 +45,13 @@ def any_smol(request):
     return request.getfixturevalue("hf_smol" if request.param == "hf" else "llama_smol")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
-    """Tiny models: one intra-op thread (two fight each other on a shared 2-core machine)."""
+    """One intra-op torch thread for the whole run. The test models are tiny (SmolLM2-135M,
+    Whisper tiny, toy speech LMs): a second thread gains nothing on them, and on a loaded 2-core
+    machine (servers and draft jobs of the tests themselves, other processes) two spinning
+    OpenMP threads make each forward up to ten times slower. Tests that measure thread
+    settings use llama.cpp backends, whose thread counts are their own."""
     import torch
 
     n = torch.get_num_threads()

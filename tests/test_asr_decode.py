@@ -7,8 +7,8 @@ import json
 import pytest
 from asr_fixtures import clips_16k, tiny
 
-from speclive.asr.crossvocab import WhisperBridge
 from speclive.asr.transcribe import TranscribeConfig, Transcriber
+from speclive.asr.whisper_bridge import WhisperBridge
 from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter
 from speclive.errors import ConfigError
 

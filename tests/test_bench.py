@@ -209,7 +209,8 @@ def test_decode_bench_end_to_end(tmp_path: Path) -> None:
     ]
     rc = _run_cli(argv)
     data = json.loads((tmp_path / "decode-t.json").read_text())
-    assert rc == (1 if data["bugs"] else 0)
+    # a divergence from AR at a clear logit gap is a bug (the bench exits 1): never accepted
+    assert data["bugs"] == [] and rc == 0
     assert set(data) >= {"header", "summary", "records", "divergences", "bugs", "cost_curves", "ceilings"}
     assert data["header"]["machine"]["cores"]
     assert data["header"]["command"].startswith("speclive bench decode")
@@ -223,7 +224,9 @@ def test_decode_bench_end_to_end(tmp_path: Path) -> None:
         assert r["new_tokens"] > 0 and r["e2e_tps"] > 0 and r["speedup"] > 0
         if r["method"] != "ar":
             assert r["compared"] == 1
-            assert r["identical"] + r["near_tie"] + r["bugs"] + r["unknown_divergences"] == 1
+            # identical, or a flip at a near-tie that the gap check classified
+            assert r["bugs"] == 0 and r["unknown_divergences"] == 0
+            assert r["identical"] + r["near_tie"] == 1
     assert len(data["records"]) == 6
     assert all(len(r["token_ids"]) <= 16 for r in data["records"])
     assert data["cost_curves"]["llamacpp"]["ratios"]["1"] == pytest.approx(1.0)

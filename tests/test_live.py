@@ -88,7 +88,7 @@ def test_pcm_conversion():
 def test_virtual_clock_charges_compute_and_skips_idle():
     c = VirtualClock()
     c.wait_until(10.0)  # idle: no sleeping
-    assert c() == pytest.approx(10.0, abs=0.01)
+    assert 10.0 <= c() < 10.5  # only the compute since then is added (more on a loaded machine)
     time.sleep(0.05)  # compute is charged
     assert 10.05 <= c() < 10.5  # a sleep never undershoots; a loaded machine may overshoot
     c.wait_until(5.0)  # the past: nothing happens
@@ -120,7 +120,8 @@ class _BusyPipeline:
 def test_play_reports_queueing():
     fast = _BusyPipeline(0.0)
     res = play(fast, np.zeros(SAMPLE_RATE, np.float32), chunk_s=0.1)
-    assert fast.pushed == SAMPLE_RATE and res.max_lag_s < 0.05
+    # no compute, no lag (but what a loaded machine adds): 10 chunks behind would be 0.5 s
+    assert fast.pushed == SAMPLE_RATE and res.max_lag_s < 0.15
     slow = _BusyPipeline(0.15)  # 0.15 s of work per 0.1 s of audio: it falls behind
     res = play(slow, np.zeros(SAMPLE_RATE, np.float32), chunk_s=0.1)
     assert res.max_lag_s > 0.3

@@ -201,7 +201,10 @@ def test_simulated_user_passes_the_next_arrival_as_deadline():
     rec = _Yielding(0.0)
     simulate_user(rec, "a b c d", cpm=600)  # words end at 0.1, 0.3, 0.5, 0.7 s
     assert [c[0] for c in rec.calls[:3]] == ["a", "a b", "a b c"]
-    assert [round(c[1], 1) for c in rec.calls[:3]] == [0.2, 0.2, 0.2]
+    # the next word arrives 0.2 s after each poll; a late poll (a loaded machine) only leaves
+    # less, so the bound is one-sided: the current word's arrival (0 s) or the one after the
+    # next (0.4 s) would fail it
+    assert all(0.1 < c[1] <= 0.2 + 1e-3 for c in rec.calls[:3]), rec.calls[:3]
 
 
 @pytest.mark.parametrize("verifier", ["topk:3", "reflection"])
@@ -263,16 +266,19 @@ def test_bench_classifies_greedy_divergences(llama_smol):
     AR is sure must be a BUG; the prompt is the one the session answered (whitespace of the
     spoken question normalized, so a question with line breaks is checked correctly)."""
     import numpy as np
+    from test_exactness import first_divergence, greedy_reference
 
     from speclive.bench.predgen import _mark_agreement, check_greedy_exactness
-    from speclive.bench.suites import ar_logit_gap
 
     question = "Name three colours.\nThen name\ttwo animals."
     base, _ = simulate_user(PredictiveResponder(llama_smol, baseline=True, max_tokens=24), question)
     ids = list(base.token_ids)
     prompt = PredictiveResponder(llama_smol).prompt_ids(" ".join(question.split()))
-    gaps = [ar_logit_gap(llama_smol, prompt, ids, p, None)["gap_top2"] for p in range(len(ids))]
-    pos = int(np.argmax(gaps))
+    # the top-2 gap of every step in one AR pass: change the token where AR is surest (within
+    # the prefix this pass shares with the session's answer)
+    ref, gaps = greedy_reference(llama_smol, prompt, len(ids))
+    same, _ = first_divergence(ref, ids, gaps)
+    pos = int(np.argmax(gaps[: max(1, same)]))
     assert gaps[pos] > 1.0
     wrong = ids[:pos] + [(ids[pos] + 1) % llama_smol.vocab_size]
     rec = {"id": 1, "turn": 1, "question": question}
@@ -283,7 +289,7 @@ def test_bench_classifies_greedy_divergences(llama_smol):
         {**rec, "method": "topk:3", "token_ids": wrong, "first_sentence": ""},
     ]
     _mark_agreement(records)
-    found = check_greedy_exactness(records, llama_smol, near_tie=0.5)
+    found = check_greedy_exactness(records, llama_smol)  # the default bar: NEAR_TIE_GAP
     assert [(d["method"], d["position"], d["verdict"]) for d in found] == [("greedy@fits", pos, "bug")]
     assert found[0]["rerun_matches_ref"]  # AR re-run on the normalized prompt reproduces the baseline
 

@@ -22,8 +22,6 @@ from speclive.speechlm.engine import AudioEvent, FinishEvent, TextEvent
 from speclive.speechlm.reference import reference_generate
 from speclive.speechlm.vocab import encode_text
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 @pytest.fixture(scope="module")
 def model() -> SpeechLM:

@@ -12,9 +12,6 @@ from speclive.speechlm.kvcache import ContiguousAttention
 mg = pytest.importorskip("speclive.speechlm.musicgen")
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 T = 8
 
 

@@ -15,9 +15,6 @@ from speclive.speechlm.phases import Phase, PhaseConfig, PhaseState, Region
 from speclive.speechlm.sampling import sample
 from speclive.speechlm.vocab import EOS, VocabLayout
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 P = 99  # pad code in the hand-built grids
 
 

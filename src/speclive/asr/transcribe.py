@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from speclive.asr.audio import SAMPLE_RATE, split_segments
-from speclive.asr.crossvocab import WhisperBridge
 from speclive.asr.whisper import WhisperBackend, load_whisper
+from speclive.asr.whisper_bridge import WhisperBridge
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
 from speclive.drafting.base import Drafter
 from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter

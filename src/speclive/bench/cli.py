@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from speclive.bench.report import command_line
+from speclive.bench.report import NEAR_TIE_GAP, command_line
 
 DEFAULT_OUT = Path("benchmarks/results")
 
@@ -83,7 +83,10 @@ def add_bench_parser(subparsers: Any) -> None:
     d.add_argument("--curve-repeats", type=int, default=3)
     d.add_argument("--no-curve", action="store_true", help="use the online cost estimate, measure nothing")
     d.add_argument(
-        "--near-tie", type=float, default=0.5, help="top-2 gap below which a divergence is a near tie"
+        "--near-tie",
+        type=float,
+        default=NEAR_TIE_GAP,
+        help="top-2 gap below which a divergence is a near tie",
     )
     d.add_argument("--no-gap-check", action="store_true", help="do not re-run AR to analyse divergences")
     d.add_argument("--no-warmup", action="store_true")
@@ -313,7 +316,7 @@ def decode_command(args: argparse.Namespace) -> str:
         parts.append("--no-curve")
     else:
         parts += ["--curve-ks", ",".join(map(str, args.curve_ks)), "--curve-repeats", str(args.curve_repeats)]
-    if args.near_tie != 0.5:
+    if args.near_tie != NEAR_TIE_GAP:
         parts += ["--near-tie", str(args.near_tie)]
     if getattr(args, "cold", False):
         parts.append("--cold")
@@ -385,7 +388,7 @@ def cmd_all_small(args: argparse.Namespace) -> int:
         curve_ks=list(DEFAULT_CURVE_KS),
         curve_repeats=3,
         no_curve=False,
-        near_tie=0.5,
+        near_tie=NEAR_TIE_GAP,
         no_gap_check=False,
         no_warmup=False,
         no_plot=False,
@@ -397,7 +400,7 @@ def cmd_all_small(args: argparse.Namespace) -> int:
 
 
 def cmd_retranslate(args: argparse.Namespace) -> int:
-    from speclive.bench.retranslate import RetranslateBenchOptions, run_retranslate_bench, write_outputs
+    from speclive.bench.ssbd import RetranslateBenchOptions, run_retranslate_bench, write_outputs
 
     tag = args.tag or f"{args.model}-{args.backend}"
     parts = [
@@ -445,7 +448,7 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
     result = run_retranslate_bench(opts, log=lambda m: print(m, file=sys.stderr))
     for p in write_outputs(result, args.out, tag, plot_it=opts.plot):
         print(f"wrote {p}", file=sys.stderr)
-    from speclive.bench.retranslate import markdown
+    from speclive.bench.ssbd import markdown
 
     print(markdown(result))
     return 0

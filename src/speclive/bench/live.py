@@ -525,7 +525,7 @@ def write_outputs(result: dict[str, Any], out: Path, tag: str, plot_it: bool = T
 def translate_utterances(limit: int) -> list[str]:
     """Utterances of two consecutive benchmark sentences each (a sentence is committed while
     the next is spoken)."""
-    from speclive.bench.retranslate import bench_sentences
+    from speclive.bench.ssbd import bench_sentences
 
     sents = bench_sentences(2 * limit)
     return [" ".join(sents[i : i + 2]) for i in range(0, len(sents) - 1, 2)][:limit]
@@ -611,7 +611,7 @@ def run_live_translate_bench(opts: LiveBenchOptions, log: Callable[[str], None] 
 
 
 def summarize_translate(records: list[dict[str, Any]], opts: LiveBenchOptions) -> list[dict[str, Any]]:
-    from speclive.bench.retranslate import _quality
+    from speclive.bench.ssbd import _quality
 
     methods = list(opts.methods)
     keys = sorted({(r["id"], r["voice"]) for r in records})

@@ -42,7 +42,7 @@ class PredGenBenchOptions:
     tts: bool = True
     judge: str | None = None
     #: a greedy answer may differ from the baseline's first where AR's top-2 logit gap is below this
-    near_tie: float = 0.5
+    near_tie: float = report.NEAR_TIE_GAP
     out: Path = Path("benchmarks/results")
     tag: str = "predgen"
     plot: bool = True
@@ -241,7 +241,9 @@ def _is_greedy(method: str) -> bool:
     return method != "baseline" and parse_method(method)[0] == "greedy"
 
 
-def check_greedy_exactness(records: list[dict[str, Any]], backend: Any, near_tie: float = 0.5) -> list[dict]:
+def check_greedy_exactness(
+    records: list[dict[str, Any]], backend: Any, near_tie: float = report.NEAR_TIE_GAP
+) -> list[dict]:
     """Classify every greedy answer that differs from the baseline's (the engine's rule).
 
     At the first differing token, plain AR is re-run on the baseline's prompt and answer and

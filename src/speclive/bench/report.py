@@ -20,10 +20,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+# a divergence from AR at a reference top-2 logit gap below NEAR_TIE_GAP is a near-tie flip
+from speclive.backends.base import NEAR_TIE_GAP
 from speclive.sysinfo import cpu_model
-
-#: a divergence from AR whose reference top-2 logit gap is below this is a near-tie flip
-NEAR_TIE_GAP = 0.5
 
 
 # ------------------------------------------------------------------------------------ machine

@@ -21,7 +21,7 @@ Whisper base, or tiny.en -> medium.en). Each technique is switchable for an abla
 Drafting happens in the *draft's* token space; a ``VocabBridge`` maps the committed context
 into it and every drafted path (trunk, trunk prefix + branch) back to target ids, and the paths
 are merged into one ``DraftTree`` by longest common prefix. ``IdentityBridge`` serves a draft
-with the target's vocabulary; ``asr.crossvocab.WhisperBridge`` maps tiny.en <-> base through
+with the target's vocabulary; ``asr.whisper_bridge.WhisperBridge`` maps tiny.en <-> base through
 text, so all techniques work across vocabularies too. Recycling aligns the previous draft with
 the new context in draft space (longest common prefix; the token after it was rejected).
 

@@ -20,9 +20,9 @@ import torch
 
 from speclive.errors import ConfigError, ContextOverflowError
 from speclive.speechlm import step as steplib
-from speclive.speechlm.cfg import SamplingParams
 from speclive.speechlm.codec import Codec
 from speclive.speechlm.delay import deinterleave
+from speclive.speechlm.guidance import SamplingParams
 from speclive.speechlm.heads import HeadLogits
 from speclive.speechlm.kvcache import PagedKVCache
 from speclive.speechlm.model import SpeechModel

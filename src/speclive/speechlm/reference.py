@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from speclive.speechlm import step as steplib
-from speclive.speechlm.cfg import SamplingParams
 from speclive.speechlm.delay import deinterleave
+from speclive.speechlm.guidance import SamplingParams
 from speclive.speechlm.heads import HeadLogits
 from speclive.speechlm.kvcache import ContiguousAttention
 from speclive.speechlm.model import SpeechModel

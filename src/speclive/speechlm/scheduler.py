@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclive.speechlm.cfg import SamplingParams
+from speclive.speechlm.guidance import SamplingParams
 from speclive.speechlm.kvcache import PagedKVCache, SeqCache
 from speclive.speechlm.step import Slot
 

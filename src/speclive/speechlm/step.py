@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from speclive.speechlm import phases
-from speclive.speechlm.cfg import SamplingParams, merge
+from speclive.speechlm.guidance import SamplingParams, merge
 from speclive.speechlm.heads import HeadLogits
 from speclive.speechlm.model import SpeechModel
 from speclive.speechlm.sampling import draw_uniforms, sample
