@@ -253,3 +253,28 @@ def test_cli_engine_options_are_checked_before_loading(capsys):
     assert "--vllm-url" in capsys.readouterr().err
     assert main(["predgen", "--vllm-url", "http://127.0.0.1:9", "--no-tts", "hello"]) == 2
     assert "--engine vllm" in capsys.readouterr().err
+
+
+def test_bench_scale_runs_and_reports(lm, server, tmp_path):
+    from speclive.bench.scale import ScaleBenchOptions, markdown, run_scale_bench, write_outputs
+
+    opts = ScaleBenchOptions(
+        sessions=(1, 3), rounds=1, ssbd_max_tokens=12, chat_max_tokens=12, cpm=60000.0, lag_k=6
+    )
+    result = run_scale_bench(opts, log=lambda m: None, engine=engine_on(server))
+    summ = result["summary"]
+    cells = {(r["workload"], r["sessions"], r["method"]) for r in summ}
+    for n in (1, 3):
+        for m in ("ar", "ssbd b=0", "ssbd b=0.2"):
+            assert ("retranslate", n, m) in cells
+        for m in ("prefill", "predgen"):
+            assert ("chat", n, m) in cells
+    for r in summ:
+        assert r["samples"] > 0 and r["mean_s"] > 0
+        if r["method"] in ("ssbd b=0", "predgen"):  # lossless, and the fake server is deterministic
+            a, b = r["identical"].split("/")
+            assert a == b and int(b) == r["sessions"]
+    assert sum(1 for r in result["records"] if r["workload"] == "chat") == 2 * (1 + 3)
+    paths = write_outputs(result, tmp_path, "scale-test", plot_it=False)
+    assert "Re-translation (SSBD)" in markdown(result)
+    assert {p.suffix for p in paths} == {".json", ".md"}
