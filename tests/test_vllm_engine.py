@@ -9,6 +9,8 @@ least loaded; a dead replica fails its sessions with a clear error and the other
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from fake_vllm import FakeVLLM, ToyBackend, ToyLM, ToyTokenizer
@@ -278,3 +280,37 @@ def test_bench_scale_runs_and_reports(lm, server, tmp_path):
     paths = write_outputs(result, tmp_path, "scale-test", plot_it=False)
     assert "Re-translation (SSBD)" in markdown(result)
     assert {p.suffix for p in paths} == {".json", ".md"}
+
+
+def test_serve_with_the_vllm_engine_forwards_chat_completions(lm, server):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from speclive.server.app import create_app
+    from speclive.server.config import ServerConfig
+
+    eng = engine_on(server)
+    cfg = ServerConfig(model="toy-model", engine="vllm", vllm_urls=(server.url,))
+    app = create_app(cfg, backend=eng)
+    messages = [{"role": "user", "content": "tell me about the weather"}]
+    prompt = ToyTokenizer().chat(messages)
+    want = ToyTokenizer().decode(lm.greedy(prompt, 20, {0}))
+    n = len(server.requests)
+    with TestClient(app) as client:
+        r = client.post(
+            "/v1/chat/completions", json={"model": "toy-model", "messages": messages, "max_tokens": 20}
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == want
+        body = {"model": "toy-model", "messages": messages, "max_tokens": 20, "stream": True}
+        with client.stream("POST", "/v1/chat/completions", json=body) as s:
+            text = ""
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    for c in json.loads(line[6:])["choices"]:
+                        text += c.get("delta", {}).get("content") or ""
+        assert text == want
+    forwarded = server.requests[n:]
+    assert len(forwarded) == 2 and all(q["prompt"] == prompt and q["stream"] for q in forwarded)
+    with pytest.raises(ConfigError, match="--vllm-url"):
+        ServerConfig(engine="vllm")
