@@ -57,9 +57,9 @@ def engine(servers):
     eng.close()
 
 
-def vllm_greedy(engine, prompt: list[int], max_tokens: int) -> list[int]:
+def vllm_greedy(engine, prompt: list[int], max_tokens: int, rep=None) -> list[int]:
     """vLLM's own greedy output: one plain completion, until EOS or ``max_tokens``."""
-    rep = engine.replicas[0]
+    rep = rep or engine.replicas[0]
     out: list[int] = []
     for ids in engine.stream(rep, prompt, max_tokens, engine.tokenizer.eos_ids):
         out.extend(ids)
@@ -125,7 +125,8 @@ def test_replica_failover(servers):
     with pytest.raises(EngineUnavailableError, match=victim.url):
         a.update("Good morning, how are you")
     u = b.update("Good morning, how are you")
-    assert u.token_ids == vllm_greedy(eng, b.prompt_ids("Good morning, how are you"), 16)
+    want = vllm_greedy(eng, b.prompt_ids("Good morning, how are you"), 16, b.decoder.replica)
+    assert u.token_ids == want
     c = ReTranslator(eng, beta=0.0, max_tokens=16, mask_k=0)
     assert c.decoder.replica is b.decoder.replica
     c.update("Good evening")
