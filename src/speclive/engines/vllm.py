@@ -166,9 +166,9 @@ def _check(resp: httpx.Response, replica: Replica) -> None:
             msg = resp.json().get("error", {}).get("message") or resp.text
         except (ValueError, AttributeError):
             msg = resp.text
-        if resp.status_code >= 500:
+        if resp.status_code in (502, 503, 504):  # the server (or its proxy) is gone or overloaded
             raise replica.fail(f"HTTP {resp.status_code}: {msg}")
-        raise EngineUnavailableError(f"vLLM replica {replica.url} rejected the request: {msg}")
+        raise EngineUnavailableError(f"vLLM replica {replica.url} answered HTTP {resp.status_code}: {msg}")
 
 
 # ------------------------------------------------------------------------------- the engine
