@@ -255,6 +255,13 @@ def test_cli_engine_options_are_checked_before_loading(capsys):
     assert "--vllm-url" in capsys.readouterr().err
     assert main(["predgen", "--vllm-url", "http://127.0.0.1:9", "--no-tts", "hello"]) == 2
     assert "--engine vllm" in capsys.readouterr().err
+    assert main(["live", "chat", "missing.wav", "--engine", "vllm"]) == 2
+    assert "--vllm-url" in capsys.readouterr().err
+    assert main(["serve", "--engine", "vllm"]) == 2
+    assert "--vllm-url" in capsys.readouterr().err
+    # a replica that is not there: a clear error, not a traceback
+    assert main(["retranslate", "--engine", "vllm", "--vllm-url", "http://127.0.0.1:9", "hello"]) == 2
+    assert "cannot reach vLLM at http://127.0.0.1:9" in capsys.readouterr().err
 
 
 def test_bench_scale_runs_and_reports(lm, server, tmp_path):

@@ -146,10 +146,10 @@ def cmd_live(args: argparse.Namespace) -> int:
     from speclive.sessions.predictive import PredGenConfig, _parse_verifier
     from speclive.sessions.retranslate import RetranslateConfig
 
+    check_engine_args(args)
     audio = load_audio(args.input)  # bad input fails before any model loads
     if audio.size == 0:
         raise ConfigError(f"{args.input} holds no audio samples")
-    check_engine_args(args)
     turn = TurnConfig(pause_s=args.pause, end_s=args.end_silence, max_turn_s=args.max_turn)
     turn.validate()
     predgen = retranslate = None
