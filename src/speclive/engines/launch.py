@@ -56,6 +56,7 @@ class VLLMServer:
         max_model_len: int = 2048,
         max_logprobs: int = 20,
         kv_cache_gb: int = 2,
+        block_size: int = 32,
         extra: list[str] | None = None,
         log: Path | None = None,
     ):
@@ -87,6 +88,11 @@ class VLLMServer:
             "--max-logprobs",
             str(max_logprobs),
             "--enable-prefix-caching",
+            # the prefix cache keeps whole blocks only: vLLM's CPU default of 128 tokens would
+            # cache nothing of a ~100-token prompt (its GPU default is 16; the CPU backend
+            # prefers multiples of 32)
+            "--block-size",
+            str(block_size),
             "--seed",
             "0",
             *(["--enforce-eager"] if enforce_eager else []),
