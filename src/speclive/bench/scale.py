@@ -211,14 +211,16 @@ def run_scale_bench(
                 server = VLLMServer(opts.model, enforce_eager=opts.enforce_eager, kv_cache_gb=2).start()
                 log(f"vllm serve up in {server.startup_s:.0f} s at {server.url}")
                 urls = [server.url]
+                # the model folder is this machine's: the args name the model instead
+                args = [f"<HF folder of {opts.model}>" if a == server.model else a for a in server.cmd[3:]]
                 header["vllm"] = {
                     "version": _vllm_version(server.python),
                     "startup_s": server.startup_s,
                     "enforce_eager": opts.enforce_eager,
-                    "args": server.cmd[3:],
+                    "args": args,
                 }
             engine = connect(urls, model=opts.model)
-        header["target"] = engine.name
+        header["target"] = opts.model if server is not None else engine.name
         header["backends"] = "vllm (OpenAI API, prefix caching)"
         methods = _methods(opts)
         header["settings"] = {
