@@ -37,6 +37,7 @@ class LiveModelsConfig:
     need_llm: bool = True
     #: run the LLM on these `vllm serve` replicas instead of in process (``backend`` unused)
     vllm_urls: tuple[str, ...] = ()
+    vllm_top_k: int = 20
 
 
 @dataclass
@@ -84,7 +85,7 @@ def load_live_models(cfg: LiveModelsConfig | None = None) -> LiveModels:
     if cfg.need_llm and cfg.vllm_urls:
         from speclive.engines.vllm import connect
 
-        llm = connect(cfg.vllm_urls, model=cfg.model)
+        llm = connect(cfg.vllm_urls, model=cfg.model, top_k=cfg.vllm_top_k)
     elif cfg.need_llm:
         from speclive.loader import load_backend
 

@@ -164,6 +164,7 @@ def cmd_live(args: argparse.Namespace) -> int:
             model=args.model,
             backend=args.backend,
             vllm_urls=tuple(vllm_urls(args.vllm_url)) if args.engine == "vllm" else (),
+            vllm_top_k=args.vllm_top_k,
             device=args.device,
             threads=args.threads,
             asr_model=args.asr_model,

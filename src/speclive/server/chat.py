@@ -88,7 +88,7 @@ class ChatEngine:
             from speclive.engines.vllm import connect
 
             # vLLM speculates on its own (its --speculative-config); requests are forwarded
-            return cls(connect(config.vllm_urls, model=config.model), config)  # type: ignore[arg-type]
+            return cls(connect(config.vllm_urls, model=config.model, top_k=config.vllm_top_k), config)  # type: ignore[arg-type]
         from speclive.loader import load_backend
 
         backend = load_backend(

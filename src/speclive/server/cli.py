@@ -63,6 +63,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         device=args.device,
         engine=args.engine,
         vllm_urls=tuple(vllm_urls(args.vllm_url)),
+        vllm_top_k=args.vllm_top_k,
         asr_model=args.asr_model,
         asr_draft=args.asr_draft,
         asr_method=args.asr_method,

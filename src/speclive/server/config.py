@@ -38,6 +38,8 @@ class ServerConfig:
     #: used) and the realtime sessions verify through them (``speclive.engines.vllm``)
     engine: str = "local"
     vllm_urls: tuple[str, ...] = ()
+    #: log-probs per position of a vLLM verification (at most vLLM's ``--max-logprobs``)
+    vllm_top_k: int = 20
 
     # ---- speech (``/v1/audio/transcriptions``, ``/v1/audio/speech``) -------------------
     asr_model: str = "whisper-base"
