@@ -126,6 +126,8 @@ class FakeVLLM:
     ):
         self.lm, self.model, self.max_model_len, self.max_logprobs = lm, model, max_model_len, max_logprobs
         self.requests: list[dict] = []
+        #: answer every completion with this HTTP status (an overloaded or broken server)
+        self.status: int | None = None
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -157,6 +159,8 @@ class FakeVLLM:
                 if self.path != "/v1/completions":
                     return self._json(404, {"error": {"message": "not found"}})
                 fake.requests.append(body)
+                if fake.status is not None:
+                    return self._json(fake.status, {"error": {"message": f"status {fake.status}"}})
                 try:
                     result = fake.complete(body)
                 except ValueError as e:

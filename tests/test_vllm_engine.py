@@ -236,6 +236,27 @@ def test_a_dead_replica_fails_its_sessions_and_the_rest_go_on(lm, monkeypatch):
         ReTranslator(eng, beta=0.0)
 
 
+def test_a_503_takes_the_replica_out_and_a_500_fails_only_the_request(lm):
+    a, b = FakeVLLM(lm), FakeVLLM(lm)
+    try:
+        eng = engine_on(a, b)
+        s = ReTranslator(eng, beta=0.0, max_tokens=8)
+        srv = a if s.decoder.replica.url == a.url else b
+        other = b if srv is a else a
+        srv.status = 500
+        with pytest.raises(EngineUnavailableError, match="HTTP 500"):
+            s.update("one two")
+        assert s.decoder.replica.alive  # one bad answer: the replica stays in
+        srv.status = 503
+        with pytest.raises(EngineUnavailableError, match="failed"):
+            s.update("one two")
+        assert not s.decoder.replica.alive
+        assert ReTranslator(eng, beta=0.0).decoder.replica.url == other.url
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_engine_errors_are_clear(lm, server):
     with pytest.raises(ConfigError, match="--vllm-url"):
         VLLMEngine([], ToyTokenizer())  # type: ignore[arg-type]
