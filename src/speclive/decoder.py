@@ -328,3 +328,18 @@ class SpeculativeDecoder:
         for _ in self.generate(prompt_ids, config):
             pass
         return GenerationResult(list(self._out), self._text, self.last_stats)
+
+
+def make_decoder(
+    target: Backend,
+    drafter: Drafter | None = None,
+    rule: AcceptanceRule | None = None,
+    knowledge: KnowledgeStore | None = None,
+) -> SpeculativeDecoder:
+    """The decode loop for ``target``: ``SpeculativeDecoder`` for an in-process backend; a
+    remote engine (``speclive.engines.vllm.VLLMEngine``) brings its own loop with the same
+    interface (``generate``, ``run``, ``prefill``, ``last_stats``, ``close``)."""
+    factory = getattr(target, "make_decoder", None)
+    if factory is not None:
+        return factory(drafter, rule, knowledge)
+    return SpeculativeDecoder(target, drafter, rule, knowledge)

@@ -28,3 +28,7 @@ class BackendUnavailableError(SpecliveError, ImportError):
 
 class SessionClosedError(SpecliveError, RuntimeError):
     """A streaming session was used after ``finish()``."""
+
+
+class EngineUnavailableError(SpecliveError, RuntimeError):
+    """A remote engine (a vLLM replica) cannot be reached or answered with an error."""

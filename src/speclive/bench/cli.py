@@ -7,6 +7,8 @@ Sub-commands:
 - ``decode``: every method (our loop with each drafter, llama-cpp-python, transformers
   generate / assisted / prompt lookup, vLLM when installed) on the same prompts in one process;
   writes ``decode-<tag>.{json,md,png}``.
+- ``scale``: speclive's sessions on vLLM vs plain vLLM at 1 and N concurrent sessions
+  (``speclive.bench.scale``); writes ``scale-<tag>.{json,md,png}``.
 - ``all-small``: a quick preset of ``decode`` (SmolLM2 on llama.cpp, 2 prompts per set,
   32 tokens) to check that everything runs.
 """
@@ -212,6 +214,10 @@ def add_bench_parser(subparsers: Any) -> None:
     from speclive.bench.soak import add_soak_parser
 
     add_soak_parser(sub)
+
+    from speclive.bench.scale import add_scale_bench_parser
+
+    add_scale_bench_parser(sub)
 
 
 def _floats(text: str) -> list[float]:

@@ -35,6 +35,9 @@ class LiveModelsConfig:
     voice: str | None = "piper-joe-medium"
     #: what to load: an LLM is not needed to transcribe
     need_llm: bool = True
+    #: run the LLM on these `vllm serve` replicas instead of in process (``backend`` unused)
+    vllm_urls: tuple[str, ...] = ()
+    vllm_top_k: int = 20
 
 
 @dataclass
@@ -55,7 +58,7 @@ class LiveModels:
         self.transcriber.transcribe(tone)  # type: ignore[attr-defined]
         if self.tts is not None:
             self.tts.synthesize("Ready.")  # type: ignore[attr-defined]
-        if self.llm is not None:
+        if self.llm is not None and hasattr(self.llm, "new_state"):  # a vLLM engine is warm
             llm = self.llm
             state = llm.new_state()  # type: ignore[attr-defined]
             try:
@@ -79,7 +82,11 @@ def load_live_models(cfg: LiveModelsConfig | None = None) -> LiveModels:
         )
     )
     llm = None
-    if cfg.need_llm:
+    if cfg.need_llm and cfg.vllm_urls:
+        from speclive.engines.vllm import connect
+
+        llm = connect(cfg.vllm_urls, model=cfg.model, top_k=cfg.vllm_top_k)
+    elif cfg.need_llm:
         from speclive.loader import load_backend
 
         llm = load_backend(cfg.model, cfg.backend, threads=cfg.threads, device=cfg.device)

@@ -18,6 +18,7 @@ from speclive.errors import ConfigError
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    from speclive.engines.options import add_engine_options
     from speclive.loader import BACKENDS, DEFAULT_MODEL
 
     p.add_argument("input", help="audio file (WAV/FLAC/OGG; any rate, mono or stereo)")
@@ -26,6 +27,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
     p.add_argument("--device", default="cpu", help="torch device of --backend hf")
+    add_engine_options(p)
     p.add_argument("--asr-model", default="whisper-base", help="Whisper target")
     p.add_argument("--asr-draft", default="whisper-tiny.en", help="Whisper draft for SpecASR")
     p.add_argument(
@@ -137,12 +139,14 @@ def cmd_live(args: argparse.Namespace) -> int:
     import numpy as np
 
     from speclive.asr.audio import load_audio
+    from speclive.engines.options import check_engine_args, vllm_urls
     from speclive.live.build import LiveModelsConfig, load_live_models, make_pipeline
     from speclive.live.clock import VirtualClock, WallClock, play
     from speclive.live.vad import TurnConfig
     from speclive.sessions.predictive import PredGenConfig, _parse_verifier
     from speclive.sessions.retranslate import RetranslateConfig
 
+    check_engine_args(args)
     audio = load_audio(args.input)  # bad input fails before any model loads
     if audio.size == 0:
         raise ConfigError(f"{args.input} holds no audio samples")
@@ -159,6 +163,8 @@ def cmd_live(args: argparse.Namespace) -> int:
         LiveModelsConfig(
             model=args.model,
             backend=args.backend,
+            vllm_urls=tuple(vllm_urls(args.vllm_url)) if args.engine == "vllm" else (),
+            vllm_top_k=args.vllm_top_k,
             device=args.device,
             threads=args.threads,
             asr_model=args.asr_model,

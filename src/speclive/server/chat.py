@@ -1,5 +1,9 @@
 """The chat model behind ``/v1/chat/completions``: one ``SpeculativeDecoder`` per request.
 
+With ``--engine vllm`` the model is a ``VLLMEngine``: each request becomes one streamed
+``/v1/completions`` request to a vLLM replica (the chat template applied here, with the
+served model's tokenizer), and vLLM's own speculative decoding does the drafting.
+
 ``ChatEngine.generate`` is the iterator a ``ModelWorker`` advances one decoder step per turn.
 Each request gets its own decoder, hence its own KV state and drafter, over the shared backend;
 the state is released in the iterator's ``finally`` when the generation ends, fails or is
@@ -13,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from speclive.backends.base import Backend
-from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder
+from speclive.decoder import GenerationConfig, GenerationStats, make_decoder
 from speclive.drafting.base import Drafter
 from speclive.server.config import ServerConfig
 
@@ -84,6 +88,11 @@ class ChatEngine:
 
     @classmethod
     def load(cls, config: ServerConfig) -> ChatEngine:
+        if config.engine == "vllm":
+            from speclive.engines.vllm import connect
+
+            # vLLM speculates on its own (its --speculative-config); requests are forwarded
+            return cls(connect(config.vllm_urls, model=config.model, top_k=config.vllm_top_k), config)  # type: ignore[arg-type]
         from speclive.loader import load_backend
 
         # llama.cpp: a KV state per session the server may hold (it allows 15 with the default
@@ -109,6 +118,8 @@ class ChatEngine:
         from speclive.loader import make_drafter
 
         c = self.config
+        if c.engine == "vllm":
+            return None
         return make_drafter(
             c.drafter,
             self.backend,
@@ -139,7 +150,7 @@ class ChatEngine:
             if not disabled_by_env():
                 # every request has a fresh drafter: it starts from what earlier ones learned
                 knowledge = KnowledgeStore(self.backend, drafter, self.config.drafter)
-        dec = SpeculativeDecoder(self.backend, drafter, knowledge=knowledge)
+        dec = make_decoder(self.backend, drafter, knowledge=knowledge)
         steps = dec.generate(ids, cfg)
         try:
             for ev in steps:

@@ -16,6 +16,7 @@ GRACEFUL_S = 30
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     from speclive.cli import _add_engine_args
+    from speclive.engines.options import add_engine_options
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server: chat, transcription, speech")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
@@ -23,6 +24,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     # --model --backend --drafter --draft-model --max-draft --threshold --threads --device --n-ctx
     # --datastore, as `generate` has them (the drafter is checked against SERVE_DRAFTERS)
     _add_engine_args(p)
+    add_engine_options(p)
     p.add_argument("--asr-model", default="whisper-base", help="Whisper model of /v1/audio/transcriptions")
     p.add_argument("--asr-draft", default="whisper-tiny.en", help="SpecASR draft (a Whisper model or self:N)")
     p.add_argument("--asr-method", default="specasr", help="ar | sd | specasr | faster-whisper")
@@ -65,8 +67,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    from speclive.engines.options import check_engine_args, vllm_urls
     from speclive.server.config import ServerConfig
 
+    check_engine_args(args)
     return ServerConfig(
         host=args.host,
         port=args.port,
@@ -81,6 +85,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         n_ctx=args.n_ctx,
         threads=args.threads,
         device=args.device,
+        engine=args.engine,
+        vllm_urls=tuple(vllm_urls(args.vllm_url)),
+        vllm_top_k=args.vllm_top_k,
         asr_model=args.asr_model,
         asr_draft=args.asr_draft,
         asr_method=args.asr_method,

@@ -33,6 +33,13 @@ class ServerConfig:
     n_ctx: int | None = None
     threads: int | None = None
     device: str = "cpu"
+    #: ``local`` (the model in this process) or ``vllm``: chat completions go to these `vllm serve`
+    #: replicas (their own speculation, ``--speculative-config``, applies; ``drafter`` is not
+    #: used) and the realtime sessions verify through them (``speclive.engines.vllm``)
+    engine: str = "local"
+    vllm_urls: tuple[str, ...] = ()
+    #: log-probs per position of a vLLM verification (at most vLLM's ``--max-logprobs``)
+    vllm_top_k: int = 20
 
     # ---- speech (``/v1/audio/transcriptions``, ``/v1/audio/speech``) -------------------
     asr_model: str = "whisper-base"
@@ -74,6 +81,10 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"invalid backend {self.backend!r}; allowed values: {', '.join(BACKENDS)}")
+        if self.engine not in ("local", "vllm"):
+            raise ConfigError(f"invalid engine {self.engine!r}; allowed values: local, vllm")
+        if (self.engine == "vllm") != bool(self.vllm_urls):
+            raise ConfigError("--engine vllm and --vllm-url go together (a `vllm serve` replica URL)")
         if self.drafter not in SERVE_DRAFTERS:
             raise ConfigError(
                 f"drafter {self.drafter!r} cannot be served; allowed values: {', '.join(SERVE_DRAFTERS)}"

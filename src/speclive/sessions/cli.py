@@ -9,6 +9,7 @@ from typing import Any
 
 
 def add_retranslate_parser(subparsers: Any) -> None:
+    from speclive.engines.options import add_engine_options
     from speclive.loader import BACKENDS, DEFAULT_MODEL
     from speclive.sessions.retranslate import LANGUAGES
 
@@ -18,6 +19,7 @@ def add_retranslate_parser(subparsers: Any) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
     p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
     p.add_argument("--device", default="cpu", help="torch device of --backend hf (cpu, cuda, ...)")
+    add_engine_options(p)
     p.add_argument("--target-lang", default="de", help=f"one of: {', '.join(LANGUAGES)}")
     p.add_argument("--beta", type=float, default=0.2, help="bias towards the previous output (0 = lossless)")
     p.add_argument("--mask-k", type=int, default=3, help="hide the last k output tokens of partial updates")
@@ -41,8 +43,8 @@ def add_retranslate_parser(subparsers: Any) -> None:
 
 
 def cmd_retranslate(args: argparse.Namespace) -> int:
+    from speclive.engines.options import check_engine_args, load_llm
     from speclive.errors import ConfigError
-    from speclive.loader import load_backend
     from speclive.sessions.retranslate import RetranslateConfig, ReTranslator
     from speclive.sessions.simulate import lag_k_prefixes
 
@@ -59,8 +61,9 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
     )
     cfg.validate()  # before the model loads
+    check_engine_args(args)
     prefixes = lag_k_prefixes(args.text, args.lag_k)
-    backend = load_backend(args.model, args.backend, threads=args.threads, device=args.device)
+    backend = load_llm(args)
     session = ReTranslator(backend, cfg)
     try:
         for i, src in enumerate(prefixes):
@@ -98,6 +101,7 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
 
 
 def add_predgen_parser(subparsers: Any) -> None:
+    from speclive.engines.options import add_engine_options
     from speclive.loader import BACKENDS, DEFAULT_MODEL
     from speclive.sessions.predictive import FIRST_PASS
 
@@ -107,6 +111,7 @@ def add_predgen_parser(subparsers: Any) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
     p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
     p.add_argument("--device", default="cpu", help="torch device of --backend hf (cpu, cuda, ...)")
+    add_engine_options(p)
     p.add_argument("--verifier", default="greedy", help="greedy | topk:K | reflection")
     p.add_argument(
         "--first-pass",
@@ -131,8 +136,8 @@ def add_predgen_parser(subparsers: Any) -> None:
 def cmd_predgen(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from speclive.engines.options import check_engine_args, load_llm
     from speclive.errors import ConfigError
-    from speclive.loader import load_backend
     from speclive.sessions.predictive import PredGenConfig, PredictiveResponder, _parse_verifier
     from speclive.sessions.simulate import simulate_user
     from speclive.tts.base import Audio, write_wav
@@ -142,13 +147,14 @@ def cmd_predgen(args: argparse.Namespace) -> int:
     if args.cpm <= 0:
         raise ConfigError(f"--cpm must be > 0, got {args.cpm}")
     _parse_verifier(args.verifier)  # fail before loading anything
+    check_engine_args(args)
     tts = None
     if not args.no_tts:
         from speclive.tts.piper import PiperTTS
 
         tts = PiperTTS(args.voice)
         tts.synthesize("Ready.")  # warm-up outside the measurement
-    backend = load_backend(args.model, args.backend, threads=args.threads, device=args.device)
+    backend = load_llm(args)
     cfg = PredGenConfig(
         verifier=args.verifier,
         first_pass=args.first_pass,

@@ -40,7 +40,7 @@ import numpy as np
 
 from speclive.acceptance import ForcedRule, GreedyRule, SourceRule, TopKRule
 from speclive.backends.base import Backend
-from speclive.decoder import GenerationConfig, SpeculativeDecoder
+from speclive.decoder import GenerationConfig, make_decoder
 from speclive.drafting.history import HistoryDrafter
 from speclive.errors import ConfigError, SessionClosedError
 from speclive.tts.base import TTS, Audio
@@ -232,12 +232,17 @@ class PredictiveResponder:
         self.speculative = cfg.mode == "predgen"
         self.kind, rule = _parse_verifier(cfg.verifier)
         self.one_pass_first = cfg.first_pass == "sentence"
+        if self.kind == "reflection" and self.speculative and not hasattr(model, "new_state"):
+            raise ConfigError(
+                f"the reflection verifier reads the yes/no logits of an in-process backend; on the "
+                f"{model.kind} engine use greedy or topk:K"
+            )
         self.backend = model
         self.tok = model.tokenizer
         self.tts = tts
         self.history = list(history or [])
         self.drafter = HistoryDrafter(recycle=True) if self.speculative else None
-        self.decoder = SpeculativeDecoder(model, self.drafter, rule if self.speculative else None)
+        self.decoder = make_decoder(model, self.drafter, rule if self.speculative else None)
         self._judge_state = model.new_state() if self.kind == "reflection" and self.speculative else None
         self._yes, self._no = self._answer_ids("yes"), self._answer_ids("no")
         self.candidate: list[int] = []

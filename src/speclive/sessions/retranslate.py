@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 from speclive.acceptance import BiasedRule, GreedyRule, SourceRule
 from speclive.backends.base import Backend
-from speclive.decoder import GenerationConfig, SpeculativeDecoder
+from speclive.decoder import GenerationConfig, make_decoder
 from speclive.drafting.history import HistoryDrafter
 from speclive.errors import ConfigError, SessionClosedError
 from speclive.sessions.metrics import normalized_erasure
@@ -122,7 +122,7 @@ class ReTranslator:
         else:
             self.drafter = HistoryDrafter(recycle=cfg.recycle, chunked=cfg.chunked)
             rule = SourceRule({"history": BiasedRule(cfg.beta)}) if cfg.beta > 0 else GreedyRule()
-        self.decoder = SpeculativeDecoder(model, self.drafter, rule)
+        self.decoder = make_decoder(model, self.drafter, rule)
         self.system = SYSTEM_PROMPT.format(language=LANGUAGES[cfg.target_lang])
         self.updates: list[RetranslationUpdate] = []
         self._prev: list[int] = []
