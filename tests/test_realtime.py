@@ -74,6 +74,11 @@ def test_sdk_voice_turn(rt):
     metrics: dict = {}
     with client.realtime.connect(model="speclive", max_retries=0) as conn:
         assert conn.recv().type == "session.created"
+        # a longer end-of-turn silence (OpenAI's field): PredGen speculates from the partial
+        # transcripts of the speech, and on a slow machine they may come late
+        conn.session.update(session={"turn_detection": {"type": "server_vad", "silence_duration_ms": 1200}})
+        updated = conn.recv()
+        assert updated.type == "session.updated", updated
         for b64 in _chunks(audio):
             conn.input_audio_buffer.append(audio=b64)
             time.sleep(0.1)  # a microphone's pace

@@ -104,6 +104,8 @@ class SessionSettings:
     output_rate: int = 24_000
     voice: str = "alloy"
     server_vad: bool = True
+    #: silence that ends a turn (OpenAI's ``turn_detection.silence_duration_ms``)
+    end_s: float = 0.5
     speak: bool = True
     instructions: str = ""
 
@@ -119,7 +121,11 @@ class SessionSettings:
             "input_audio_format": "pcm16",
             "output_audio_format": "pcm16",
             "input_audio_transcription": {"model": "whisper-1"},
-            "turn_detection": {"type": "server_vad"} if self.server_vad else None,
+            "turn_detection": (
+                {"type": "server_vad", "silence_duration_ms": int(self.end_s * 1000)}
+                if self.server_vad
+                else None
+            ),
             "speclive": {
                 "mode": self.mode,
                 "method": self.method,
@@ -163,6 +169,13 @@ def _apply_update(s: SessionSettings, session: Any) -> SessionSettings:
         if td is not None and not (isinstance(td, dict) and td.get("type") in ("server_vad", "semantic_vad")):
             raise ProtocolError("invalid_value", "turn_detection must be {'type': 'server_vad'} or null")
         new.server_vad = td is not None
+        if isinstance(td, dict) and "silence_duration_ms" in td:
+            ms = td["silence_duration_ms"]
+            if not isinstance(ms, int | float) or isinstance(ms, bool) or not 200 <= ms <= 5000:
+                raise ProtocolError(
+                    "invalid_value", "silence_duration_ms must be a number from 200 to 5000", "turn_detection"
+                )
+            new.end_s = ms / 1000
     # the GA shape: session.audio.{input,output}, output_modalities
     audio = session.get("audio")
     if isinstance(audio, dict):
@@ -351,7 +364,10 @@ class RealtimeSession:
     # ---- the pipeline -----------------------------------------------------------------
     async def start_pipeline(self) -> None:
         self.pipeline = await self.svc.worker("chat").call(
-            _pipeline_for, self.settings, self.models, self.turn
+            _pipeline_for,
+            self.settings,
+            self.models,
+            TurnConfig(max_turn_s=self.turn.max_turn_s, end_s=self.settings.end_s),
         )
 
     async def compute_loop(self) -> None:
@@ -604,12 +620,13 @@ class RealtimeSession:
     async def dispatch(self, kind: str, msg: dict) -> None:
         if kind == "session.update":
             new = _apply_update(self.settings, msg.get("session"))
-            rebuild = (new.mode, new.method, new.verifier, new.target_lang, new.speak) != (
+            rebuild = (new.mode, new.method, new.verifier, new.target_lang, new.speak, new.end_s) != (
                 self.settings.mode,
                 self.settings.method,
                 self.settings.verifier,
                 self.settings.target_lang,
                 self.settings.speak,
+                self.settings.end_s,
             )
             if rebuild and self.busy():
                 # a new pipeline starts between turns: this turn finishes as it began
