@@ -121,6 +121,20 @@ class GenerationResult:
     stats: GenerationStats
 
 
+def checked_request(
+    prompt_ids: Sequence[int], config: GenerationConfig | None
+) -> tuple[GenerationConfig, list[int]]:
+    """The request's config (the default when None) and prompt as ints; ``ConfigError`` for an
+    empty prompt or ``max_tokens`` < 1. Shared by every engine's ``generate``."""
+    cfg = config or GenerationConfig()
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ConfigError("empty prompt: nothing to continue")
+    if cfg.max_tokens < 1:
+        raise ConfigError(f"max_tokens must be >= 1, got {cfg.max_tokens}")
+    return cfg, prompt
+
+
 class SpeculativeDecoder:
     def __init__(
         self,
@@ -187,12 +201,7 @@ class SpeculativeDecoder:
     def _generate(
         self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
     ) -> Iterator[StepEvent]:
-        cfg = config or GenerationConfig()
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise ConfigError("empty prompt: nothing to continue")
-        if cfg.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {cfg.max_tokens}")
+        cfg, prompt = checked_request(prompt_ids, config)
         n_ctx = self.target.n_ctx
         if len(prompt) >= n_ctx:
             raise ContextOverflowError(

@@ -43,7 +43,7 @@ import httpx
 import numpy as np
 
 from speclive.acceptance import AcceptanceRule, GreedyRule, TopKRule
-from speclive.decoder import GenerationConfig, GenerationResult, GenerationStats, StepEvent
+from speclive.decoder import GenerationConfig, GenerationResult, GenerationStats, StepEvent, checked_request
 from speclive.drafting.base import Drafter
 from speclive.errors import ConfigError, ContextOverflowError, EngineUnavailableError
 from speclive.tokenizer import Tokenizer
@@ -456,12 +456,7 @@ class VLLMDecoder:
         self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
     ) -> Iterator[StepEvent]:
         """Yield one ``StepEvent`` for the verification and one per streamed chunk after it."""
-        cfg = config or GenerationConfig()
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise ConfigError("empty prompt: nothing to continue")
-        if cfg.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {cfg.max_tokens}")
+        cfg, prompt = checked_request(prompt_ids, config)
         self._check_len(prompt)
         rep = self._usable()
         eng, tok = self.engine, self.engine.tokenizer
