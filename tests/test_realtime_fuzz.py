@@ -21,21 +21,13 @@ pytest.importorskip("hypothesis")
 pytest.importorskip("llama_cpp")
 
 from speclive.bench.fuzz_realtime import fuzz_realtime  # noqa: E402
+from speclive.bench.reliability import ErrorLog  # noqa: E402
 from speclive.server.app import create_app  # noqa: E402
 from speclive.server.config import ServerConfig  # noqa: E402
 from speclive.server.inproc import serve_in_thread  # noqa: E402
 from speclive.server.ratelimit import TokenBucket  # noqa: E402
 
 KEY = "fuzz-key"
-
-
-class _Errors(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(self.format(record))
 
 
 def test_token_bucket_allows_bursts_then_the_rate():
@@ -72,7 +64,7 @@ def test_fuzzed_realtime_events_and_hostile_clients(llama_smol):
     app = create_app(config, backend=llama_smol, tts=tts, live_transcriber=live)
     spoken = tts.synthesize("What is the capital of France?")
     speech = resample(spoken.samples, spoken.sample_rate, 16_000)
-    errors = _Errors()
+    errors = ErrorLog()
     loggers = [logging.getLogger(n) for n in ("speclive", "uvicorn.error")]
     for lg in loggers:
         lg.addHandler(errors)

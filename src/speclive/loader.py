@@ -91,19 +91,14 @@ def _load_backend(
                 f"llama-cpp-python is not installed ({e}); `pip install llama-cpp-python==0.3.36` "
                 "or use --backend hf"
             ) from e
-        if max_states is None:
-            return LlamaCppBackend(
-                ref.gguf, tokenizer_for(ref), name=ref.name, n_ctx=n_ctx or 4096, n_threads=threads
-            )
         ctx = n_ctx or 4096
+        states = (
+            {}
+            if max_states is None
+            else {"max_states": max_states, "n_cells": ctx + (max_states - 1) * ctx // 4}
+        )
         return LlamaCppBackend(
-            ref.gguf,
-            tokenizer_for(ref),
-            name=ref.name,
-            n_ctx=ctx,
-            n_threads=threads,
-            max_states=max_states,
-            n_cells=ctx + (max_states - 1) * ctx // 4,
+            ref.gguf, tokenizer_for(ref), name=ref.name, n_ctx=ctx, n_threads=threads, **states
         )
     from speclive.backends.hf import HFBackend
 
@@ -162,9 +157,7 @@ def make_drafter(
                 f"--drafter model needs --draft-model for target {target.name!r} "
                 f"(defaults exist for: {', '.join(DEFAULT_DRAFT)})"
             )
-        draft = load_backend(
-            draft_name, backend, n_ctx=target.n_ctx, device=_draft_device(target, backend)
-        )
+        draft = load_backend(draft_name, backend, n_ctx=target.n_ctx, device=_draft_device(target, backend))
         return ModelDrafter(draft, max_len=max_len or 24, threshold=threshold)
     from speclive.drafting.crossvocab import CrossVocabDrafter
 
@@ -207,9 +200,7 @@ def _talon_drafter(
     if name == "hybrid":
         from speclive.drafting.hybrid import HybridDrafter
 
-        draft = load_backend(
-            draft_name, backend, n_ctx=target.n_ctx, device=_draft_device(target, backend)
-        )
+        draft = load_backend(draft_name, backend, n_ctx=target.n_ctx, device=_draft_device(target, backend))
         return HybridDrafter(draft, store, hcfg, scfg)
     from speclive.drafting.asyncdraft import AsyncHybridDrafter
 

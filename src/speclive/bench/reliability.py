@@ -24,7 +24,9 @@ from typing import Any
 from speclive.bench import report
 
 
-class _ErrorLog(logging.Handler):
+class ErrorLog(logging.Handler):
+    """Collects the ``ERROR`` records of the loggers it is added to."""
+
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
         self.records: list[str] = []
@@ -94,7 +96,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     app, config, tts = _server(args, key)
     spoken = tts.synthesize("What is the capital of France?")
     speech = resample(spoken.samples, spoken.sample_rate, 16_000)
-    errors = _ErrorLog()
+    errors = ErrorLog()
     loggers = [logging.getLogger(n) for n in ("speclive", "uvicorn.error")]
     for lg in loggers:
         lg.addHandler(errors)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ import httpx
 import numpy as np
 
 from speclive.bench import report
+from speclive.server.inproc import free_port
 
 SERVERS = ("speclive", "llama_cpp.server")
 
@@ -87,12 +87,6 @@ class Running:
     proc: subprocess.Popen
     log: Path
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(
@@ -363,7 +357,7 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
     log_dir = Path(tempfile.mkdtemp(prefix="speclive-bench-serve-"))  # the servers' output
     log(f"server logs in {log_dir}")
     py = sys.executable
-    ours_port, peer_port = _free_port(), _free_port()
+    ours_port, peer_port = free_port(), free_port()
     cmds = {
         "speclive": [
             py,

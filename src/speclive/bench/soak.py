@@ -203,10 +203,11 @@ class _Chat(threading.Thread):
 
 def run_soak(args: argparse.Namespace, command: str) -> dict[str, Any]:
     from speclive.bench.fuzz_realtime import scrape
-    from speclive.bench.serve import _free_port, start_server, stop_server
+    from speclive.bench.serve import start_server, stop_server
+    from speclive.server.inproc import free_port
 
     key = "soak-key"
-    port = _free_port()
+    port = free_port()
     questions = tuple(QUESTIONS[i % len(QUESTIONS)] for i in range(args.sessions))
     print(f"speaking {len(set(questions))} questions with Piper ...", file=sys.stderr)
     audio = _spoken(tuple(dict.fromkeys(questions)), "piper-joe-medium")

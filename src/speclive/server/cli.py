@@ -44,7 +44,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         "--max-audio",
         type=float,
         default=120.0,
-        help="longest audio to transcribe, and longest realtime turn (seconds)",
+        help="longest audio to transcribe (seconds)",
     )
     p.add_argument(
         "--max-turn", type=float, default=30.0, help="longest realtime turn (seconds): it ends there"

@@ -77,7 +77,6 @@ class Metrics:
 
     def watch_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Count ``loop``'s tasks at each scrape."""
-        self.loop = loop
         self.tasks.set_function(lambda: len(asyncio.all_tasks(loop)))
 
     def watch_queue(self, worker: str, pending: Callable[[], int]) -> None:

@@ -291,7 +291,6 @@ class RealtimeSession:
         cfg = services.config
         self.events = TokenBucket(cfg.realtime_events_per_s, 2 * cfg.realtime_events_per_s)
         self.send_timeout_s = cfg.realtime_send_timeout_s
-        self.turn = TurnConfig(max_turn_s=cfg.max_turn_s)
         #: when the last rate-limit error was sent (one a second at most)
         self.rate_error_t = float("-inf")
         #: why the server closes the connection: (code, reason)
@@ -367,7 +366,7 @@ class RealtimeSession:
             _pipeline_for,
             self.settings,
             self.models,
-            TurnConfig(max_turn_s=self.turn.max_turn_s, end_s=self.settings.end_s),
+            TurnConfig(max_turn_s=self.svc.config.max_turn_s, end_s=self.settings.end_s),
         )
 
     async def compute_loop(self) -> None:
