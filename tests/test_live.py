@@ -392,3 +392,52 @@ def test_speech_after_the_end_of_turn_continues_an_unanswered_turn(hf_smol, pipe
     (m,) = [e for e in events if e.type == "turn_metrics"]
     assert m.transcript == full and m.answer  # one turn, with every word
     assert not any(e.type == "interrupted" for e in events)
+
+
+class _CountingBackend:
+    """The real backend, counting the KV states it holds."""
+
+    def __init__(self, inner):
+        self._inner, self.live = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def new_state(self):
+        self.live += 1
+        return self._inner.new_state()
+
+    def fork(self, state):
+        self.live += 1
+        return self._inner.fork(state)
+
+    def release(self, state):
+        self.live -= 1
+        self._inner.release(state)
+
+
+def test_background_work_and_abort_free_the_states_without_finishing(hf_smol, piper):
+    q = QUESTIONS[0]
+    audio, speech_s = _spoken(piper, q)
+    llm = _CountingBackend(hf_smol)
+    vc = VoiceChat(
+        llm,
+        ScriptedTranscriber(q, speech_s, lead_s=0.3),
+        predgen=PredGenConfig(max_tokens=32),
+        clock=VirtualClock(),
+    )
+    assert vc.background  # nobody speaks yet: anything it does is optional
+    half = len(audio) // 2
+    vc.push(audio[:half])
+    assert vc.turn is not None and vc.background  # the user speaks: partials and speculation
+    vc.push(audio[half:])
+    assert vc.turn.ended and not vc.background  # end of turn: the user waits for the answer
+    texts = []
+    while not texts:  # the final transcript, then the answer's first text
+        texts = [e for e in vc.step() or [] if e.type == "answer_delta"]
+    assert llm.live > 0
+    vc.abort()
+    assert llm.live == 0 and vc.closed and vc.reply is None
+    assert vc.step() is None and vc.close() == []  # nothing is computed after an abort
+    with pytest.raises(ConfigError):
+        vc.push(audio[:100])

@@ -112,3 +112,26 @@ def test_a_stream_whose_event_loop_is_gone_is_closed():
     gate.set()
     assert s.wait_finished(5) and s.was_cancelled and closed == ["s"]
     worker.close()
+
+
+def test_background_calls_wait_for_foreground_turns_and_can_be_withdrawn():
+    log: list[str] = []
+    worker = ModelWorker("test")
+    gate = threading.Event()
+
+    async def main():
+        worker.submit(gate.wait)
+        spec = worker.submit_background(lambda: log.append("speculate"))
+        dropped = worker.submit_background(lambda: log.append("dropped"))
+        s = worker.stream(_steps("answer", 3, log))
+        call = worker.submit(lambda: log.append("call"))
+        assert dropped.cancel()  # not started: withdrawn
+        gate.set()
+        assert [x async for x in s] == [0, 1, 2]
+        call.result(5)
+        spec.result(5)
+
+    asyncio.run(main())
+    worker.close()
+    # the speculation queued first still runs only after every foreground turn
+    assert log == ["answer0", "call", "answer1", "answer2", "speculate"]

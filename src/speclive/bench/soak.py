@@ -105,12 +105,16 @@ class _Voice(threading.Thread):
         self.i, self.url, self.key, self.audio, self.deadline, self.t0 = i, url, key, audio, deadline, t0
         self.turns: list[dict[str, Any]] = []
         self.errors: list[str] = []
+        #: connection attempts the server refused as busy (1013), retried with back-off
+        self.refused = 0
 
     def run(self) -> None:
+        from websockets.exceptions import ConnectionClosed
         from websockets.sync.client import connect
 
         ws_url = self.url.replace("http://", "ws://") + "/v1/realtime"
-        while time.perf_counter() < self.deadline:  # a failed connection is counted, then redialled
+        backoff = 0.0
+        while time.perf_counter() < self.deadline:  # a lost connection is counted, then redialled
             try:
                 with connect(
                     ws_url,
@@ -120,12 +124,28 @@ class _Voice(threading.Thread):
                 ) as ws:
                     update = {"type": "session.update", "session": {"speclive": {"sample_rate": 16_000}}}
                     ws.send(json.dumps(update))
+                    created = json.loads(ws.recv(timeout=120))
+                    if created.get("type") != "session.created":
+                        raise RuntimeError(f"expected session.created, got {created.get('type')}")
+                    backoff = 0.0
                     while time.perf_counter() < self.deadline:
                         rec = self._turn(ws)
                         self.turns.append(rec)
                         if rec.get("failure"):
                             break  # the connection's reader may still be waiting: start afresh
-            except Exception as e:  # the connection failed or closed: an error of the soak
+            except ConnectionClosed as e:
+                if e.rcvd is not None and e.rcvd.code == 1013:
+                    # the server is full: as a client should, retry later, backing off; one
+                    # error for the episode, not one per attempt
+                    self.refused += 1
+                    if backoff == 0.0:
+                        self.errors.append(f"session {self.i}: refused as busy (1013): {e.rcvd.reason}")
+                    backoff = min(30.0, max(1.0, 2 * backoff))
+                    time.sleep(backoff)
+                    continue
+                self.errors.append(f"session {self.i}: {type(e).__name__}: {e}")
+                time.sleep(1.0)
+            except Exception as e:  # the connection failed: an error of the soak
                 self.errors.append(f"session {self.i}: {type(e).__name__}: {e}")
                 time.sleep(1.0)
 
@@ -283,6 +303,7 @@ def summarize_soak(args, command, questions, voices, chats, samples, health) -> 
         "turns_answered": len(all_lat),
         "chat_requests": sum(c.done for c in chats),
         "errors": len(errors),
+        "refused_connects": sum(v.refused for v in voices),
         "crossed_transcripts": crossed,
         "transcribed_turns": sum(1 for t in turns if t.get("transcript") is not None),
         "rss_mib_after_warmup": start.get("rss_bytes", 0) / 2**20,
@@ -325,6 +346,7 @@ def soak_markdown(result: dict[str, Any]) -> str:
         f"| voice turns (answered) | {s['turns']} ({s['turns_answered']}) |",
         f"| chat completions | {s['chat_requests']} |",
         f"| errors | {s['errors']} |",
+        f"| connection attempts refused as busy (retried) | {s.get('refused_connects', 0)} |",
         f"| crossed transcripts | {s['crossed_transcripts']} of {s['transcribed_turns']} |",
         f"| RSS after warm-up → end (MiB) | {s['rss_mib_after_warmup']:.0f} → {s['rss_mib_end']:.0f} "
         f"({s['rss_growth_pct']:+.1f} %) |",

@@ -3,8 +3,11 @@
 ``LivePipeline`` is transport-free. ``push(chunk)`` takes input audio (any sample rate and
 channel count, float or int16; cheap: it buffers and runs the VAD), ``step(deadline)`` does ONE
 unit of compute (an ASR pass, a speculation, a decoder step, a sentence's synthesis) and returns
-its events, or ``None`` when there is nothing to do, and ``close()`` ends the input and finishes
-the work in progress. ``clock.play`` drives it in real or simulated time; a server calls
+its events, or ``None`` when there is nothing to do, ``close()`` ends the input and finishes
+the work in progress, and ``abort()`` (the listener is gone) drops it and frees what it holds.
+``background`` says whether the unit ``step`` would run now is optional work that only makes a
+later answer faster, so a shared server can run it after the work its users wait for.
+``clock.play`` drives it in real or simulated time; a server calls
 ``push`` from its socket and ``step`` from its worker.
 
 Scheduling on a shared CPU: the transcript comes first, then what the subclass speculates in
@@ -262,6 +265,19 @@ class LivePipeline:
         turn.final, turn.final_audio_s = " ".join(text.split()), len(audio) / SAMPLE_RATE
         return [] if turn.ended else self._on_pause(turn)
 
+    @property
+    def background(self) -> bool:
+        """Whether ``step``'s next unit only speculates (nobody waits for its events yet)."""
+        return False
+
+    def abort(self) -> None:
+        """Stop at once: nothing pending is computed, the models' state is released."""
+        if self.closed:
+            return
+        self.closed = True
+        self.turn = None
+        self._release()
+
     def close(self) -> list[Event]:
         """End of input: end a turn in progress and finish all pending work."""
         if self.closed:
@@ -278,7 +294,7 @@ class LivePipeline:
             events += evs
         if not self.heard_speech:
             events.append(Notice(self.clock(), "no_speech", "no speech was heard in the input"))
-        events += self._on_close()
+        self._release()
         return events
 
     # ---- hooks -----------------------------------------------------------------------------
@@ -313,5 +329,5 @@ class LivePipeline:
     def _work(self, deadline: float | None) -> list[Event] | None:
         return None
 
-    def _on_close(self) -> list[Event]:
-        return []
+    def _release(self) -> None:
+        """Free what the pipeline holds in the models (KV states); called once, at the end."""

@@ -185,8 +185,7 @@ class LiveTranslator(LivePipeline):
         )
         return events
 
-    def _on_close(self) -> list[Event]:
+    def _release(self) -> None:
         if self.session is not None:
             self.session.close()
             self.session = None
-        return []

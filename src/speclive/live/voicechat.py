@@ -315,11 +315,19 @@ class VoiceChat(LivePipeline):
             extra=extra,
         )
 
-    def _on_close(self) -> list[Event]:
+    @property
+    def background(self) -> bool:
+        # while the user speaks (or nobody does) the units are partial transcripts and
+        # speculation; from the end of a turn on, the user waits for the answer
+        return self.turn is None or not self.turn.ended
+
+    def _release(self) -> None:
+        if self.reply is not None:
+            self.reply.close()
+            self.reply = None
         if self.responder is not None:
             self.responder.close()
             self.responder = None
-        return []
 
     # keep the partial-transcript hook explicit: the text is read by ``_work``
     def _on_partial(self, turn: _Turn, partial: TranscriptPartial) -> list[Event]:

@@ -362,6 +362,9 @@ class RealtimeSession:
 
     # ---- the pipeline -----------------------------------------------------------------
     async def start_pipeline(self) -> None:
+        old, self.pipeline = self.pipeline, None
+        if old is not None:  # a session.update that needs another pipeline: free the old one
+            await self.svc.worker("chat").call(old.abort)
         self.pipeline = await self.svc.worker("chat").call(
             _pipeline_for,
             self.settings,
@@ -381,7 +384,7 @@ class RealtimeSession:
                 events += await worker.call(pipe.push, np.concatenate(chunks))
             out = None
             if pipe is not None:
-                out = await worker.call(lambda p=pipe: p.step(p.clock() + STEP_S))
+                out = await self._step(worker, pipe)
                 events += out or []
             for e in events:
                 await self.on_event(e)
@@ -394,6 +397,28 @@ class RealtimeSession:
                 self.wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), timeout=0.5)
+
+    async def _step(self, worker: Any, pipe: Any) -> list[ev.Event] | None:
+        """One unit of the pipeline's compute. Speculation (``pipe.background``) waits for the
+        turns other users wait on; while it is still queued, audio that arrives goes first (the
+        VAD must hear the end of the turn on time) and the unit is asked for again after it."""
+
+        def unit(p: Any = pipe) -> list[ev.Event] | None:
+            return p.step(p.clock() + STEP_S)
+
+        if not pipe.background:
+            return await worker.call(unit)
+        fut = worker.submit_background(unit)
+        while not fut.running() and not fut.done():
+            if self.audio or self.closed:
+                if fut.cancel():
+                    return None
+                break
+            self.wake.clear()
+            waiter = asyncio.ensure_future(self.wake.wait())
+            await asyncio.wait([asyncio.wrap_future(fut), waiter], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+        return await asyncio.wrap_future(fut)
 
     # ---- pipeline events -> protocol events ---------------------------------------------
     async def on_event(self, e: ev.Event) -> None:
@@ -751,8 +776,9 @@ async def realtime(ws: WebSocket) -> None:
                 if not isinstance(task.exception(), WebSocketDisconnect):
                     log.error("realtime session failed", exc_info=task.exception())
         if session is not None and session.pipeline is not None:
+            # the client is gone: the work in progress is dropped, not finished
             with contextlib.suppress(Exception):
-                await svc.worker("chat").call(session.pipeline.close)
+                await svc.worker("chat").call(session.pipeline.abort)
         slot.release()
         code, reason = (session.close_with if session is not None else None) or (1000, "")
         svc.metrics.realtime_closes.labels(code=str(code)).inc()

@@ -9,7 +9,12 @@ FIFO queue of *turns*:
 - a **stream** (``stream``) is an iterator advanced by ONE item per turn (one decoder step of a
   chat generation, one pass of a streaming transcription); after its turn it goes back to the
   tail of the queue. Active streams therefore advance round-robin, interleaved with calls in
-  arrival order, and one long generation cannot starve the others.
+  arrival order, and one long generation cannot starve the others;
+- a **background call** (``submit_background`` / ``call_background``) is work nobody waits for
+  yet: a live session's speculation while its user is still speaking. It runs only when no
+  other turn is queued, so on a busy server speculation gives way to the answers users wait
+  for, and on an idle one it uses the idle time. A background call that has not started can be
+  withdrawn with its future's ``cancel()``.
 
 The iterator is created (``factory()``) and closed on the worker thread, so whatever it sets up
 and tears down in a ``try/finally`` (a ``SpeculativeDecoder`` and its KV state) lives entirely
@@ -159,6 +164,7 @@ class ModelWorker:
     def __init__(self, name: str):
         self.name = name
         self._queue: deque[_Call | Stream[Any]] = deque()
+        self._background: deque[_Call] = deque()
         self._cv = threading.Condition()
         self._closed = False
         self._current: _Call | Stream[Any] | None = None
@@ -176,6 +182,18 @@ class ModelWorker:
         """``submit`` awaited from asyncio (the event loop keeps running meanwhile)."""
         return await asyncio.wrap_future(self.submit(fn, *args, **kwargs))
 
+    def submit_background(
+        self, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
+        """Like ``submit``, but the call runs only when no foreground turn is waiting."""
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._put(_Call(fn, args, kwargs, fut), background=True)
+        return fut
+
+    async def call_background(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``submit_background`` awaited from asyncio."""
+        return await asyncio.wrap_future(self.submit_background(fn, *args, **kwargs))
+
     def stream(self, factory: Callable[[], Iterator[T]]) -> Stream[T]:
         """Run ``factory()``'s iterator one item per turn; call from a running event loop."""
         s: Stream[T] = Stream(self, factory, asyncio.get_running_loop())
@@ -184,15 +202,19 @@ class ModelWorker:
 
     @property
     def pending(self) -> int:
-        """Turns waiting in the queue (active streams count once)."""
+        """Turns waiting in the queues (active streams count once)."""
         with self._cv:
-            return len(self._queue)
+            return len(self._queue) + len(self._background)
 
-    def _put(self, task: _Call | Stream[Any]) -> None:
+    def _put(self, task: _Call | Stream[Any], background: bool = False) -> None:
         with self._cv:
             if self._closed:
                 raise RuntimeError(f"the {self.name} worker is closed")
-            self._queue.append(task)
+            if background:
+                assert isinstance(task, _Call)
+                self._background.append(task)
+            else:
+                self._queue.append(task)
             self._cv.notify()
 
     def _wake(self) -> None:
@@ -203,11 +225,11 @@ class ModelWorker:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._queue and not self._closed:
+                while not self._queue and not self._background and not self._closed:
                     self._cv.wait()
-                if not self._queue:  # closed and drained
+                if not self._queue and not self._background:  # closed and drained
                     return
-                task = self._queue.popleft()
+                task = self._queue.popleft() if self._queue else self._background.popleft()
                 self._current = task
             again = False
             if isinstance(task, Stream):

@@ -1,0 +1,45 @@
+"""The soak's verdicts on made-up runs (the soak itself runs minutes: ``speclive bench soak``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from speclive.bench.soak import QUESTIONS, closest_question, summarize_soak
+
+
+def test_closest_question_tolerates_asr_errors():
+    assert closest_question("what is the capitol of france", QUESTIONS) == 0
+    assert closest_question("how many legs does a spider half", QUESTIONS) == 1
+
+
+def test_summary_counts_errors_crossed_transcripts_and_growth():
+    questions = QUESTIONS[:2]
+    turns = [
+        {"session": 0, "t": 10.0, "latency_s": 1.0, "transcript": "What is the capital of France?"},
+        # session 1 got session 0's transcript: crossed state
+        {"session": 1, "t": 20.0, "latency_s": 2.0, "transcript": "What is the capital of France?"},
+        {"session": 1, "t": 30.0, "latency_s": None, "transcript": "How many legs does a spider have?"},
+        {"session": 0, "t": 40.0, "latency_s": None, "failure": "no answer within 300 s"},
+        {"session": 0, "t": 50.0, "latency_s": 3.0, "errors": ["rate_limit_exceeded"]},
+    ]
+    voices = [
+        SimpleNamespace(turns=turns[::2], errors=[], refused=0),
+        SimpleNamespace(turns=turns[1::2], errors=["session 1: refused as busy (1013)"], refused=5),
+    ]
+    chats = [SimpleNamespace(done=7, errors=[])]
+    samples = [
+        {"t": 0.0, "rss_bytes": 100 * 2**20, "open_fds": 10},
+        {"t": 30.0, "rss_bytes": 200 * 2**20, "open_fds": 12},
+        {"t": 60.0, "rss_bytes": 210 * 2**20, "open_fds": 12},
+    ]
+    args = SimpleNamespace(
+        sessions=2, chat_clients=1, minutes=1.0, warmup_minutes=0.5, model="m", asr_model="a", asr_draft="d"
+    )
+    r = summarize_soak(args, "cmd", questions, voices, chats, samples, 200)
+    s = r["summary"]
+    assert s["crossed_transcripts"] == 1 and s["transcribed_turns"] == 3
+    # the refusal episode, a turn without answer audio, a failed turn, an error event
+    assert s["errors"] == 4 and s["refused_connects"] == 5
+    assert s["turns"] == 5 and s["turns_answered"] == 3 and s["chat_requests"] == 7
+    assert abs(s["rss_growth_pct"] - 5.0) < 1e-9  # from the first sample after the warm-up
+    assert s["latency_p50_s"] == 2.0
