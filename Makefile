@@ -37,8 +37,12 @@ run: $(BUNDLE)
 demo: $(BUNDLE)
 	$(PY) -m speclive.cli demo
 
+# the suite runs on TEST_JOBS processes (pytest-xdist; each loads its own small models); the
+# slowest tests are single real-model exactness runs, so more than a few jobs gains little
+TEST_JOBS ?= 2
+
 test: $(BUNDLE)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal
 
 test-slow: $(BUNDLE)
 	$(PY) -m pytest -q -m slow
