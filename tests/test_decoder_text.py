@@ -102,7 +102,7 @@ def _generate(drafter_k: int | None, cfg: GenerationConfig, n_ctx: int = 4096):
     drafter = PerfectDrafter(lm.data, drafter_k) if drafter_k else None
     dec = SpeculativeDecoder(lm, drafter)
     deltas = [ev.text for ev in dec.generate(PROMPT, cfg)]
-    return deltas, dec.last_token_ids, dec.last_stats, dec._text
+    return deltas, dec.last_token_ids, dec.last_stats, dec.last_text
 
 
 @pytest.mark.parametrize("k", [None, 3, 16])

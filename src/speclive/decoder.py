@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -135,7 +135,200 @@ def checked_request(
     return cfg, prompt
 
 
+class Commit:
+    """What of a step's new tokens the output keeps, and the text a client may be shown.
+
+    ``add(new)`` commits tokens up to an end-of-sequence token or ``max_tokens`` and cuts the
+    text at the earliest stop string (each sets ``stats.finish_reason``). Until the generation
+    ends, the text that could still turn into a stop string (the longest one's length minus
+    one) and a trailing half UTF-8 character are held back, so a delta never has to be taken
+    back. Shared by every engine's loop.
+    """
+
+    def __init__(self, tokenizer: Any, cfg: GenerationConfig, stats: GenerationStats):
+        self.tok, self.cfg, self.stats = tokenizer, cfg, stats
+        self.eos = set() if cfg.ignore_eos else set(tokenizer.eos_ids)
+        self.hold = max((len(s) for s in cfg.stop), default=1) - 1
+        #: the committed token ids
+        self.out: list[int] = []
+        #: the output text (cut at a stop string) and the part of it handed out so far
+        self.full = ""
+        self.text = ""
+
+    def add(self, new: Sequence[int]) -> tuple[list[int], str]:
+        """Commit what of ``new`` may be committed; returns (committed ids, text delta)."""
+        committed: list[int] = []
+        for t in new:
+            if t in self.eos:
+                self.stats.finish_reason = "eos"
+                break
+            committed.append(int(t))
+            if len(self.out) + len(committed) >= self.cfg.max_tokens:
+                self.stats.finish_reason = "length"
+                break
+        self.out.extend(committed)
+        full = self.tok.decode(self.out)
+        if self.cfg.stop:
+            cut = min((i for i in (full.find(s) for s in self.cfg.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                full = full[:cut]
+                self.stats.finish_reason = "stop"
+        self.full = full
+        shown = full
+        if not self.stats.finish_reason:
+            shown = full[: len(full) - self.hold] if self.hold else full
+            shown = shown.rstrip("\ufffd")
+        delta = shown[len(self.text) :] if len(shown) > len(self.text) else ""
+        self.text += delta
+        self.stats.new_tokens = len(self.out)
+        return committed, delta
+
+
+@dataclass
+class VerifyPass:
+    """The target pass one step needs: ``tokens`` (a chain, or a tree by ``parents``) after
+    what ``state`` caches. Whoever runs it hands the logits to ``Generation.commit``."""
+
+    state: BackendState
+    tokens: list[int]
+    parents: list[int]
+
+
+class Generation:
+    """One request's draft -> verify -> commit loop, one step at a time, without running the
+    target itself: ``next_pass()`` drafts and returns the ``VerifyPass`` the step needs (None
+    when the generation is over); ``commit(logits)`` applies the acceptance rule to that pass's
+    logits, keeps the accepted path in the cache and commits the tokens. ``SpeculativeDecoder``
+    runs each pass on its own; a scheduler can run the passes of several generations together.
+    ``stats`` and ``commit_.out`` / ``commit_.full`` hold the result as it grows.
+    """
+
+    def __init__(self, dec: SpeculativeDecoder, prompt_ids: Sequence[int], config: GenerationConfig | None):
+        cfg, prompt = checked_request(prompt_ids, config)
+        target = dec.target
+        if len(prompt) >= target.n_ctx:
+            raise ContextOverflowError(
+                f"prompt has {len(prompt)} tokens but the context window of {target.name} "
+                f"holds {target.n_ctx} (and at least one must be generated)"
+            )
+        self.dec, self.cfg, self.target, self.drafter = dec, cfg, target, dec.drafter
+        self.rule = dec.rule or (
+            GreedyRule() if cfg.temperature == 0 else SpeculativeSamplingRule(cfg.temperature)
+        )
+        # any integer is a seed (OpenAI's API allows negative ones); numpy takes non-negative
+        self.rng = np.random.default_rng(cfg.seed if cfg.seed >= 0 else cfg.seed % 2**64)
+        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        dec.last_stats = self.stats
+        self.commit_ = Commit(target.tokenizer, cfg, self.stats)
+        self.t_start = time.perf_counter()
+        self.tail = dec._prefill(prompt, cfg.fuse_prefill)
+        self.stats.prefill_s = time.perf_counter() - self.t_start
+        self.context = list(prompt)
+        self.pending = prompt[-1]
+        self.done = False
+        self._step: tuple[DraftTree, list[int], list[int], float, float, int, int] | None = None
+        if self.drafter is not None:
+            self.drafter.bind(target)
+            if dec.knowledge is not None and not dec._knowledge_loaded:
+                dec._knowledge_loaded = True
+                dec.knowledge.load()
+            self.drafter.begin(self.context)
+
+    def next_pass(self) -> VerifyPass | None:
+        """Draft the next step; the target pass it needs, or None when the generation is over."""
+        if self.done:
+            return None
+        cfg, state = self.cfg, self.dec.state
+        remaining = cfg.max_tokens - len(self.commit_.out)
+        # the root (pending) token and a fused prompt tail need slots
+        room = self.target.n_ctx - len(state.tokens) - len(self.tail) - 1
+        if room < 0:
+            self.stats.finish_reason = "context"
+            self._finish()
+            return None
+        budget = max(0, min(cfg.max_draft_nodes, remaining - 1, room))
+        t0 = time.perf_counter()
+        tree = DraftTree()
+        if self.drafter is not None and budget > 0:
+            tree = self.drafter.propose(self.context, budget).truncated(budget)
+        t1 = time.perf_counter()
+        tokens, parents = tree.rooted(self.pending)
+        t = len(self.tail)
+        self._step = (tree, tokens, parents, t0, t1, t, len(state.tokens))
+        if not t:
+            return VerifyPass(state, tokens, parents)
+        # the prompt tail as a chain in front of the root, in the same pass
+        ext_parents = [i - 1 for i in range(t)] + [p + t if p >= 0 else t - 1 for p in parents]
+        return VerifyPass(state, self.tail + tokens, ext_parents)
+
+    def commit(self, logits: np.ndarray) -> StepEvent:
+        """Accept from the logits of the pass ``next_pass`` returned; commit; one ``StepEvent``."""
+        assert self._step is not None, "commit() needs the logits of next_pass()'s pass"
+        tree, tokens, parents, t0, t1, t, base = self._step
+        self._step = None
+        stats, target, state = self.stats, self.target, self.dec.state
+        if t:
+            logits = logits[t:]
+            base += t
+            self.tail = []
+        verdict = self.rule.accept(
+            tokens,
+            parents,
+            logits,
+            probs=None if tree.probs is None else [1.0] + tree.probs,
+            dists=None if tree.dists is None else [None] + tree.dists,
+            rng=self.rng,
+            sources=None if tree.sources is None else [None, *tree.sources],
+        )
+        if state.pending is not None:
+            target.keep(state, list(range(t)) + [i + t for i in verdict.path])
+        else:
+            target.truncate(state, base + len(verdict.path))
+        t2 = time.perf_counter()
+
+        accepted_nodes = [i - 1 for i in verdict.path[1:]]
+        new = [tree.tokens[i] for i in accepted_nodes] + [verdict.bonus]
+        if self.drafter is not None and len(tree):
+            self.drafter.feedback(tree, accepted_nodes, verdict.bonus)
+            if not t:  # a step that also carried the prompt tail is no drafting measurement
+                self.drafter.observe_step(tree.max_depth(), t2 - t0, len(new))
+        stats.target_forwards += 1
+        stats.drafted += len(tree)
+        stats.accepted += len(accepted_nodes)
+        stats.draft_s += t1 - t0
+        stats.verify_s += t2 - t1
+        sources: dict[str, int] = {}
+        if tree.sources:
+            for src in tree.sources:
+                src = src or "draft"
+                stats.drafted_by_source[src] = stats.drafted_by_source.get(src, 0) + 1
+            for i in accepted_nodes:
+                src = tree.sources[i] or "draft"
+                sources[src] = sources.get(src, 0) + 1
+                stats.accepted_by_source[src] = stats.accepted_by_source.get(src, 0) + 1
+
+        committed, delta = self.commit_.add(new)
+        self.context.extend(committed)
+        stats.total_s = time.perf_counter() - self.t_start
+        if stats.finish_reason:
+            self._finish()
+        else:
+            self.pending = new[-1]
+        return StepEvent(committed, delta, len(tree), len(accepted_nodes), t1 - t0, t2 - t1, sources)
+
+    def _finish(self) -> None:
+        self.done = True
+        self.stats.total_s = time.perf_counter() - self.t_start
+
+    @property
+    def result(self) -> GenerationResult:
+        return GenerationResult(list(self.commit_.out), self.commit_.full, self.stats)
+
+
 class SpeculativeDecoder:
+    """A target (one KV state), an optional drafter and an acceptance rule; ``generate`` runs
+    ``Generation`` steps, each with its own target pass."""
+
     def __init__(
         self,
         target: Backend,
@@ -151,6 +344,7 @@ class SpeculativeDecoder:
         self._knowledge_loaded = False
         self.state: BackendState = target.new_state()
         self.last_stats = GenerationStats()
+        self._gen: Generation | None = None
 
     def close(self) -> None:
         self.target.release(self.state)
@@ -186,157 +380,46 @@ class SpeculativeDecoder:
         if len(prompt) > 1:
             self._prefill(prompt, 0)
 
+    def start(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> Generation:
+        """A new generation on this decoder's state, to be stepped by the caller (see
+        ``Generation``); ``end(gen)`` when it is over or abandoned."""
+        self._gen = Generation(self, prompt_ids, config)
+        return self._gen
+
+    def end(self, gen: Generation) -> None:
+        """After a generation: stop the drafter's background work, save what it learned."""
+        if self.drafter is not None:
+            self.drafter.end()  # stops background drafting, restores backend settings
+        if self.knowledge is not None and gen.stats.target_forwards:
+            self.knowledge.save()
+
     def generate(
         self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
     ) -> Iterator[StepEvent]:
         """Yield one ``StepEvent`` per verification; ``self.last_stats`` holds the totals."""
+        gen = self.start(prompt_ids, config)
         try:
-            yield from self._generate(prompt_ids, config)
+            while (p := gen.next_pass()) is not None:
+                yield gen.commit(self.target.extend(p.state, p.tokens, p.parents))
         finally:
-            if self.drafter is not None:
-                self.drafter.end()  # stops background drafting, restores backend settings
-            if self.knowledge is not None and self.last_stats.target_forwards:
-                self.knowledge.save()
-
-    def _generate(
-        self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
-    ) -> Iterator[StepEvent]:
-        cfg, prompt = checked_request(prompt_ids, config)
-        n_ctx = self.target.n_ctx
-        if len(prompt) >= n_ctx:
-            raise ContextOverflowError(
-                f"prompt has {len(prompt)} tokens but the context window of {self.target.name} "
-                f"holds {n_ctx} (and at least one must be generated)"
-            )
-        rule = self.rule or (
-            GreedyRule() if cfg.temperature == 0 else SpeculativeSamplingRule(cfg.temperature)
-        )
-        # any integer is a seed (OpenAI's API allows negative ones); numpy takes non-negative
-        rng = np.random.default_rng(cfg.seed if cfg.seed >= 0 else cfg.seed % 2**64)
-        tok = self.target.tokenizer
-        eos = set() if cfg.ignore_eos else tok.eos_ids
-        stats = GenerationStats(prompt_tokens=len(prompt))
-        self.last_stats = stats
-        t_start = time.perf_counter()
-
-        tail = self._prefill(prompt, cfg.fuse_prefill)
-        stats.prefill_s = time.perf_counter() - t_start
-        context = list(prompt)
-        pending = prompt[-1]
-        out: list[int] = []
-        self._out, self._text = out, ""
-        text = full = ""
-        hold = max((len(s) for s in cfg.stop), default=1) - 1
-        if self.drafter is not None:
-            self.drafter.bind(self.target)
-            if self.knowledge is not None and not self._knowledge_loaded:
-                self._knowledge_loaded = True
-                self.knowledge.load()
-            self.drafter.begin(context)
-
-        while True:
-            remaining = cfg.max_tokens - len(out)
-            # the root (pending) token and a fused prompt tail need slots
-            room = n_ctx - len(self.state.tokens) - len(tail) - 1
-            if room < 0:
-                stats.finish_reason = "context"
-                break
-            budget = max(0, min(cfg.max_draft_nodes, remaining - 1, room))
-            t0 = time.perf_counter()
-            tree = DraftTree()
-            if self.drafter is not None and budget > 0:
-                tree = self.drafter.propose(context, budget).truncated(budget)
-            t1 = time.perf_counter()
-            tokens, parents = tree.rooted(pending)
-            base = len(self.state.tokens)
-            t = len(tail)
-            if t:  # the prompt tail as a chain in front of the root, in the same pass
-                ext_parents = [i - 1 for i in range(t)] + [p + t if p >= 0 else t - 1 for p in parents]
-                logits = self.target.extend(self.state, tail + tokens, ext_parents)[t:]
-                base += t
-                tail = []
-            else:
-                logits = self.target.extend(self.state, tokens, parents)
-            verdict = rule.accept(
-                tokens,
-                parents,
-                logits,
-                probs=None if tree.probs is None else [1.0] + tree.probs,
-                dists=None if tree.dists is None else [None] + tree.dists,
-                rng=rng,
-                sources=None if tree.sources is None else [None, *tree.sources],
-            )
-            if self.state.pending is not None:
-                self.target.keep(self.state, list(range(t)) + [i + t for i in verdict.path])
-            else:
-                self.target.truncate(self.state, base + len(verdict.path))
-            t2 = time.perf_counter()
-
-            accepted_nodes = [i - 1 for i in verdict.path[1:]]
-            new = [tree.tokens[i] for i in accepted_nodes] + [verdict.bonus]
-            if self.drafter is not None and len(tree):
-                self.drafter.feedback(tree, accepted_nodes, verdict.bonus)
-                if not t:  # a step that also carried the prompt tail is no drafting measurement
-                    self.drafter.observe_step(tree.max_depth(), t2 - t0, len(new))
-            stats.target_forwards += 1
-            stats.drafted += len(tree)
-            stats.accepted += len(accepted_nodes)
-            stats.draft_s += t1 - t0
-            stats.verify_s += t2 - t1
-            sources: dict[str, int] = {}
-            if tree.sources:
-                for src in tree.sources:
-                    src = src or "draft"
-                    stats.drafted_by_source[src] = stats.drafted_by_source.get(src, 0) + 1
-                for i in accepted_nodes:
-                    src = tree.sources[i] or "draft"
-                    sources[src] = sources.get(src, 0) + 1
-                    stats.accepted_by_source[src] = stats.accepted_by_source.get(src, 0) + 1
-
-            # commit, honouring EOS / max_tokens / stop strings
-            committed: list[int] = []
-            for t in new:
-                if t in eos:
-                    stats.finish_reason = "eos"
-                    break
-                committed.append(t)
-                if len(out) + len(committed) >= cfg.max_tokens:
-                    stats.finish_reason = "length"
-                    break
-            out.extend(committed)
-            context.extend(committed)
-            full = tok.decode(out)
-            if cfg.stop:
-                cut = min((i for i in (full.find(s) for s in cfg.stop) if i >= 0), default=-1)
-                if cut >= 0:
-                    full = full[:cut]
-                    stats.finish_reason = "stop"
-            shown = full
-            if not stats.finish_reason:
-                # hold back what could still turn into a stop string or half a character
-                shown = full[: len(full) - hold] if hold else full
-                shown = shown.rstrip("\ufffd")
-            delta = shown[len(text) :] if len(shown) > len(text) else ""
-            text += delta
-            stats.new_tokens = len(out)
-            stats.total_s = time.perf_counter() - t_start
-            yield StepEvent(committed, delta, len(tree), len(accepted_nodes), t1 - t0, t2 - t1, sources)
-            if stats.finish_reason:
-                break
-            pending = new[-1]
-        stats.total_s = time.perf_counter() - t_start
-        self._out, self._text = out, full
+            self.end(gen)
 
     @property
     def last_token_ids(self) -> list[int]:
         """Token ids committed by the last (or running) generation."""
-        return list(getattr(self, "_out", []))
+        return list(self._gen.commit_.out) if self._gen is not None else []
+
+    @property
+    def last_text(self) -> str:
+        """The output text of the last (or running) generation (cut at a stop string)."""
+        return self._gen.commit_.full if self._gen is not None else ""
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         """Generate to completion and return ids, text and stats."""
         for _ in self.generate(prompt_ids, config):
             pass
-        return GenerationResult(list(self._out), self._text, self.last_stats)
+        assert self._gen is not None
+        return self._gen.result
 
 
 def make_decoder(

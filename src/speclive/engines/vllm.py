@@ -36,14 +36,20 @@ import math
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import numpy as np
 
 from speclive.acceptance import AcceptanceRule, GreedyRule, TopKRule
-from speclive.decoder import GenerationConfig, GenerationResult, GenerationStats, StepEvent, checked_request
+from speclive.decoder import (
+    Commit,
+    GenerationConfig,
+    GenerationResult,
+    GenerationStats,
+    StepEvent,
+    checked_request,
+)
 from speclive.drafting.base import Drafter
 from speclive.errors import ConfigError, ContextOverflowError, EngineUnavailableError
 from speclive.tokenizer import Tokenizer
@@ -342,47 +348,6 @@ class VLLMEngine:
 
 
 # ------------------------------------------------------------------------------- the decoder
-@dataclass
-class _Commit:
-    """EOS / max_tokens / stop-string handling of committed tokens (as ``SpeculativeDecoder``)."""
-
-    tok: Tokenizer
-    cfg: GenerationConfig
-    stats: GenerationStats
-    out: list[int]
-    text: str = ""
-    full: str = ""
-
-    def add(self, new: Sequence[int]) -> tuple[list[int], str]:
-        """Commit what of ``new`` may be committed; returns (committed ids, text delta)."""
-        eos = set() if self.cfg.ignore_eos else self.tok.eos_ids
-        committed: list[int] = []
-        for t in new:
-            if t in eos:
-                self.stats.finish_reason = "eos"
-                break
-            committed.append(int(t))
-            if len(self.out) + len(committed) >= self.cfg.max_tokens:
-                self.stats.finish_reason = "length"
-                break
-        self.out.extend(committed)
-        full = self.tok.decode(self.out)
-        stop = self.cfg.stop
-        if stop:
-            cut = min((i for i in (full.find(s) for s in stop) if i >= 0), default=-1)
-            if cut >= 0:
-                full = full[:cut]
-                self.stats.finish_reason = "stop"
-        self.full = full
-        shown = full
-        if not self.stats.finish_reason:
-            hold = max((len(s) for s in stop), default=1) - 1
-            shown = full[: len(full) - hold] if hold else full
-            shown = shown.rstrip("\ufffd")
-        delta = shown[len(self.text) :] if len(shown) > len(self.text) else ""
-        self.text += delta
-        self.stats.new_tokens = len(self.out)
-        return committed, delta
 
 
 class VLLMDecoder:
@@ -462,9 +427,9 @@ class VLLMDecoder:
         eng, tok = self.engine, self.engine.tokenizer
         stats = GenerationStats(prompt_tokens=len(prompt))
         self.last_stats = stats
-        out: list[int] = []
+        commit = Commit(tok, cfg, stats)
+        out = commit.out
         self._out, self._text = out, ""
-        commit = _Commit(tok, cfg, stats, out)
         t_start = time.perf_counter()
 
         draft, sources = self._draft(prompt, cfg)
