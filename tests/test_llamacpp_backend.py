@@ -254,6 +254,75 @@ def test_keep_then_extend_matches_fresh(
     backend.release(s)
 
 
+# ---- several states in one pass ----------------------------------------------------------
+def assert_same_choices(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """Batch-shape numerics only: within ``MAX_TOL`` and the same argmax where it is clear
+    (a batch of several sequences moves quantized logits more than ``MEAN_TOL`` on average)."""
+    diff = np.abs(got.astype(np.float64) - want)
+    assert diff.max() <= MAX_TOL, f"{what}: max |diff| {diff.max():.3f} > {MAX_TOL}"
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > CLEAR_GAP
+    assert (got.argmax(-1) == want.argmax(-1))[clear].all(), what
+
+
+def test_extend_many_batches_states_as_if_each_ran_alone(
+    backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int], tok: Tokenizer
+) -> None:
+    other = tok.chat([{"role": "user", "content": "What is the capital of France?"}])
+    toks = _tree_tokens(cont)
+
+    def batch(a_tokens: list[int]):
+        a, b, c = backend.new_state(), backend.new_state(), backend.new_state()
+        backend.extend(a, prefix)
+        backend.extend(b, other)
+        calls = backend.forward_calls
+        # a chain after one prompt, a tree after another, a chain on an empty state
+        got = backend.extend_many([(a, a_tokens, None), (b, toks, TREE_PARENTS), (c, other[:5], None)])
+        assert backend.forward_calls == calls + 1  # one llama.cpp decode for all three
+        return got, (a, b, c)
+
+    # no token sees another state's cells: other content in one pass changes no row of the others
+    probe, states = batch([11, 22, 33, 44])
+    for s in states:
+        backend.release(s)
+    got, (a, b, c) = batch(cont[:4])
+    assert [g.shape[0] for g in got] == [4, 7, 5]
+    np.testing.assert_array_equal(probe[1], got[1])
+    np.testing.assert_array_equal(probe[2], got[2])
+    assert_same_choices(got[0], fresh(ref, prefix + cont[:4])[-4:], "chain in a batch")
+    for path in TREE_PATHS:
+        want = fresh(ref, other + [toks[i] for i in path])[-len(path) :]
+        assert_same_choices(got[1][path], want, f"tree branch {path} in a batch")
+    assert_same_choices(got[2], fresh(ref, other[:5]), "empty state in a batch")
+    # each state's cache is its own: a chain committed, a tree pending until keep()
+    assert a.tokens == prefix + cont[:4] and b.pending == toks and c.tokens == other[:5]
+    backend.keep(b, [0, 3, 4])
+    kept = other + [toks[0], toks[3], toks[4]]
+    more = cont[9:11]
+    after = backend.extend_many([(a, more, None), (b, more, None)])
+    assert_same_choices(after[0], fresh(ref, prefix + cont[:4] + more)[-2:], "a after the batch")
+    assert_same_choices(after[1], fresh(ref, kept + more)[-2:], "b after keep")
+    assert backend.cache_len(b) == len(kept) + 2
+    for s in (a, b, c):
+        backend.release(s)
+
+
+def test_extend_many_gives_a_failing_pass_its_own_error(backend: LlamaCppBackend, prefix: list[int]) -> None:
+    a, b, c = backend.new_state(), backend.new_state(), backend.new_state()
+    backend.extend(a, prefix)
+    calls = backend.forward_calls
+    got = backend.extend_many([(a, [5, 6], None), (b, [backend.vocab_size], None), (c, [7, 8, 9], None)])
+    assert isinstance(got[1], ValueError) and "out of range" in str(got[1])
+    assert backend.forward_calls == calls + 1  # the two good passes still ran together
+    assert [g.shape[0] for g in (got[0], got[2])] == [2, 3]
+    assert a.tokens == prefix + [5, 6] and b.tokens == [] and c.tokens == [7, 8, 9]
+    # passes that cannot share one batch (one state twice) run one after the other
+    got = backend.extend_many([(a, [5], None), (a, [6], None)])
+    assert [g.shape[0] for g in got] == [1, 1] and a.tokens == prefix + [5, 6, 5, 6]
+    for s in (a, b, c):
+        backend.release(s)
+
+
 # ---- truncate, fork, states ----------------------------------------------------------------
 def test_truncate_then_extend_matches_fresh(
     backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int]

@@ -228,11 +228,17 @@ def test_concurrent_streams_keep_their_own_state(srv):
     """Streams generated at the same time (interleaved step by step on the worker) each give
     their own prompt's answer: no cache is shared between sessions."""
     n = 32
+    batches = _metric(srv.http, "speclive_verify_batch_size_count")
+    passes = _metric(srv.http, "speclive_verify_batch_size_sum")
     with ThreadPoolExecutor(3) as pool:
         texts = list(pool.map(lambda p: _stream_text(srv, p, n)[0], EXACT_PROMPTS))
     for prompt, text in zip(EXACT_PROMPTS, texts, strict=True):
         _assert_greedy(srv, prompt, text, n)
     _wait_idle(srv)
+    # the streams' verification passes ran together: fewer target decodes than passes
+    batches = _metric(srv.http, "speclive_verify_batch_size_count") - batches
+    passes = _metric(srv.http, "speclive_verify_batch_size_sum") - passes
+    assert batches and passes / batches > 1.5, (batches, passes)
 
 
 def test_client_disconnect_mid_stream(srv):

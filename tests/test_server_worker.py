@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from speclive.server.worker import ModelWorker, StreamCancelled  # noqa: E402
+from speclive.server.worker import Batched, ModelWorker, StreamCancelled  # noqa: E402
 
 
 def _steps(name: str, n: int, log: list[str], closed: list[str] | None = None):
@@ -135,3 +135,40 @@ def test_background_calls_wait_for_foreground_turns_and_can_be_withdrawn():
     worker.close()
     # the speculation queued first still runs only after every foreground turn
     assert log == ["answer0", "call", "answer1", "answer2", "speculate"]
+
+
+def test_batched_requests_of_queued_streams_run_as_one_call():
+    calls: list[list[int]] = []
+
+    def run(payloads: list[int]) -> list:
+        calls.append(list(payloads))
+        return [ValueError(f"bad {p}") if p < 0 else p * 10 for p in payloads]
+
+    def stream_of(xs: list[int]):
+        def gen():
+            for x in xs:
+                try:
+                    got = yield Batched(run, x)
+                except ValueError as e:
+                    got = str(e)
+                yield got
+
+        return gen
+
+    worker = ModelWorker("test")
+    gate = threading.Event()
+
+    async def main():
+        worker.submit(gate.wait)
+        a = worker.stream(stream_of([1, 2, 3]))
+        b = worker.stream(stream_of([4, -5]))
+        plain = worker.stream(lambda: iter(["p0", "p1"]))
+        c = worker.stream(stream_of([6]))
+        gate.set()
+        return [x async for x in a], [x async for x in b], [x async for x in plain], [x async for x in c]
+
+    got = asyncio.run(main())
+    worker.close()
+    assert got == ([10, 20, 30], [40, "bad -5"], ["p0", "p1"], [60])
+    # one run per round for every stream waiting on one (a stream without requests just steps)
+    assert calls == [[1, 4, 6], [2, -5], [3]]

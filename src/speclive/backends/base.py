@@ -191,39 +191,70 @@ class Backend(ABC):
         ``last_only`` (chains only) returns just the last row, ``[1, vocab]``: a prefill needs
         nothing else, and skipping the LM head over the prompt saves real time on big vocabularies.
         """
+        toks, plist = self._checked(state, tokens, parents, last_only)
+        if not toks:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        t0 = time.perf_counter()
+        logits = self._extend(state, toks, plist, last_only)
+        if not last_only:  # the cost curve describes verification passes (all rows needed)
+            self.cost.observe(len(toks), time.perf_counter() - t0)
+        self.forward_calls += 1
+        self._extended(state, toks, plist)
+        return logits
+
+    def extend_many(
+        self, passes: Sequence[tuple[BackendState, Sequence[int], Sequence[int] | None]]
+    ) -> list[np.ndarray | Exception]:
+        """``extend`` for several different states, ``(state, tokens, parents)`` each: their
+        logits in order, or in the place of a pass that failed, its exception (the other
+        passes are unaffected). Backends that evaluate several sequences in one forward pass
+        (llama.cpp) do so; the result is that of one ``extend`` per pass."""
+        return [self._try_extend(st, toks, par) for st, toks, par in passes]
+
+    def _try_extend(
+        self, state: BackendState, tokens: Sequence[int], parents: Sequence[int] | None
+    ) -> np.ndarray | Exception:
+        try:
+            return self.extend(state, tokens, parents)
+        except Exception as e:  # noqa: BLE001 - handed to the pass's owner
+            return e
+
+    def _checked(
+        self, state: BackendState, tokens: Sequence[int], parents: Sequence[int] | None, last_only: bool
+    ) -> tuple[list[int], list[int] | None]:
+        """``extend``'s argument checks: the tokens as ints and the parents (None for a chain)."""
         if state.pending is not None:
             raise RuntimeError("extend() called while a tree extension is pending: call keep() first")
-        tokens = [int(t) for t in tokens]
-        if not tokens:
-            return np.zeros((0, self.vocab_size), dtype=np.float32)
-        if len(state.tokens) + len(tokens) > self.n_ctx:
+        toks = [int(t) for t in tokens]
+        if not toks:
+            return toks, None
+        if len(state.tokens) + len(toks) > self.n_ctx:
             raise ContextOverflowError(
-                f"{len(state.tokens)} cached + {len(tokens)} new tokens exceed the context window "
+                f"{len(state.tokens)} cached + {len(toks)} new tokens exceed the context window "
                 f"of {self.n_ctx} tokens of model {self.name}"
             )
-        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        bad = [t for t in toks if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
         chain = parents is None or _is_chain(parents)
         plist = None if chain else [int(p) for p in parents]  # type: ignore[union-attr]
         if plist is not None:
-            if len(plist) != len(tokens):
+            if len(plist) != len(toks):
                 raise ValueError("parents must have one entry per token")
             for i, p in enumerate(plist):
                 if not -1 <= p < i:
                     raise ValueError(f"parents[{i}]={p}: a parent must be -1 or an earlier node")
-        t0 = time.perf_counter()
-        if last_only and plist is not None:
-            raise ValueError("last_only applies to chain extensions only")
-        logits = self._extend(state, tokens, plist, last_only)
-        if not last_only:  # the cost curve describes verification passes (all rows needed)
-            self.cost.observe(len(tokens), time.perf_counter() - t0)
-        self.forward_calls += 1
-        if chain:
+            if last_only:
+                raise ValueError("last_only applies to chain extensions only")
+        return toks, plist
+
+    @staticmethod
+    def _extended(state: BackendState, tokens: list[int], parents: list[int] | None) -> None:
+        """After an evaluation: a chain is committed, a tree waits for ``keep``."""
+        if parents is None:
             state.tokens.extend(tokens)
         else:
-            state.pending, state.pending_parents = tokens, plist
-        return logits
+            state.pending, state.pending_parents = tokens, parents
 
     def keep(self, state: BackendState, path: Sequence[int]) -> None:
         path = [int(i) for i in path]

@@ -382,16 +382,29 @@ class LlamaCppBackend(Backend):
             st = state
         else:
             st = self._check(state)
-        self._tick += 1
-        st.last_use = self._tick
+        self._touch(st)
         base = len(st.tokens)
         n = len(tokens)
         if parents is None:
             return self._run(
                 tokens, np.arange(base, base + n, dtype=np.int32), None, st.seq, [st.seq], last_only
             )
+        pos, tags, branches = self._tree_layout(st, tokens, parents)
+        try:
+            logits = self._run(tokens, pos, tags, st.seq, branches)
+        except BaseException:
+            self._drop_branches(branches)
+            raise
+        st.branch_seqs = branches
+        st.node_seq = [t[0] for t in tags]
+        return logits
 
-        # a tree: one branch sequence per leaf, every node tagged with the leaves below it
+    def _tree_layout(
+        self, st: LlamaCppState, tokens: list[int], parents: list[int]
+    ) -> tuple[np.ndarray, list[list[int]], list[int]]:
+        """Positions and sequence tags of a tree's nodes: one branch sequence per leaf (holding
+        a copy of the prefix), every node tagged with the branches of the leaves below it."""
+        n = len(tokens)
         has_child = [False] * n
         depth = [0] * n
         for i, p in enumerate(parents):
@@ -412,21 +425,93 @@ class LlamaCppBackend(Backend):
                 tags[node].append(first + j)
                 node = parents[node]
         branches = list(range(first, first + len(leaves)))
+        base = len(st.tokens)
         lib, mem = self._lib, self._mem
         for s in branches:
             lib.llama_memory_seq_rm(mem, s, -1, -1)
             if base:
                 lib.llama_memory_seq_cp(mem, st.seq, s, -1, -1)
-        pos = np.asarray(depth, dtype=np.int32) + base
+        return np.asarray(depth, dtype=np.int32) + base, tags, branches
+
+    def _drop_branches(self, branches: list[int]) -> None:
+        for s in branches:
+            self._lib.llama_memory_seq_rm(self._mem, s, -1, -1)
+
+    def extend_many(
+        self, passes: Sequence[tuple[BackendState, Sequence[int], Sequence[int] | None]]
+    ) -> list[np.ndarray | Exception]:
+        """Several states' passes in ONE ``llama_decode``, each on its own sequences (no token
+        attends to another state's cells). A pass that fails its checks gets its exception and
+        the others still run together; when they do not fit one batch, their states cannot all
+        be resident at once, or the decode fails, each pass runs alone."""
+        results: list[np.ndarray | Exception | None] = [None] * len(passes)
+        checked: list[tuple[int, LlamaCppState, list[int], list[int] | None]] = []
+        for i, (st, toks, par) in enumerate(passes):
+            try:
+                t, p = self._checked(st, toks, par, False)
+                checked.append((i, self._as_state(st), t, p))
+            except Exception as e:  # noqa: BLE001 - this pass's own error
+                results[i] = e
+        states = [st for _, st, _, _ in checked]
+        together = (
+            len(checked) > 1
+            and sum(len(t) for _, _, t, _ in checked) <= self.n_batch
+            and len({id(st) for st in states}) == len(states)
+            and all(t for _, _, t, _ in checked)
+        )
+        if together:
+            try:
+                for st in states:
+                    self._check(st)
+                together = all(st.seq >= 0 for st in states)  # restoring one evicted no other
+                if together:
+                    for (i, _, _, _), rows in zip(checked, self._decode_together(checked), strict=True):
+                        results[i] = rows
+                    self.forward_calls += 1
+            except Exception:  # noqa: BLE001 - nothing was kept: each pass runs alone below
+                together = False
+        if not together:
+            for i, st, t, p in checked:
+                results[i] = self._try_extend(st, t, p)
+        return results  # type: ignore[return-value]
+
+    def _decode_together(
+        self, checked: list[tuple[int, LlamaCppState, list[int], list[int] | None]]
+    ) -> list[np.ndarray]:
+        tokens: list[int] = []
+        pos_parts: list[np.ndarray] = []
+        tags: list[list[int]] = []
+        made: list[tuple[list[int], list[list[int]]]] = []  # per pass: its branches, its tags
         try:
-            logits = self._run(tokens, pos, tags, st.seq, branches)
+            for _, st, toks, par in checked:
+                self._touch(st)
+                if par is None:
+                    t = [[st.seq] for _ in toks]
+                    base = len(st.tokens)
+                    pos_parts.append(np.arange(base, base + len(toks), dtype=np.int32))
+                    made.append(([], t))
+                else:
+                    pos, t, branches = self._tree_layout(st, toks, par)
+                    pos_parts.append(pos)
+                    made.append((branches, t))
+                tags += t
+                tokens += toks
+            # one chunk (at most n_batch tokens): a failed decode leaves nothing in the cache
+            out = self._run(tokens, np.concatenate(pos_parts), tags, -1, [])
         except BaseException:
-            for s in branches:
-                lib.llama_memory_seq_rm(mem, s, -1, -1)
+            for branches, _ in made:
+                self._drop_branches(branches)
             raise
-        st.branch_seqs = branches
-        st.node_seq = [t[0] for t in tags]
-        return logits
+        results: list[np.ndarray] = []
+        at = 0
+        for (_, st, toks, par), (branches, t) in zip(checked, made, strict=True):
+            results.append(out[at : at + len(toks)])
+            at += len(toks)
+            if par is not None:
+                st.branch_seqs = branches
+                st.node_seq = [x[0] for x in t]
+            self._extended(st, toks, par)
+        return results
 
     def _run(
         self,

@@ -5,6 +5,8 @@ With ``--engine vllm`` the model is a ``VLLMEngine``: each request becomes one s
 served model's tokenizer), and vLLM's own speculative decoding does the drafting.
 
 ``ChatEngine.generate`` is the iterator a ``ModelWorker`` advances one decoder step per turn.
+Its verification passes are ``Batched`` requests: the worker runs the passes of all the
+completions in progress as one ``extend_many`` (llama.cpp: one decode over their sequences).
 Each request gets its own decoder, hence its own KV state and drafter, over the shared backend;
 the state is released in the iterator's ``finally`` when the generation ends, fails or is
 cancelled, so sessions never see each other's cache. Speculation is on by default (the
@@ -13,13 +15,15 @@ configured drafter); greedy decoding is lossless, so the answer is the target's 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import Any
 
 from speclive.backends.base import Backend
-from speclive.decoder import GenerationConfig, GenerationStats, make_decoder
+from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder, make_decoder
 from speclive.drafting.base import Drafter
 from speclive.server.config import ServerConfig
+from speclive.server.worker import Batched
 
 #: decoder finish reasons -> OpenAI's
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
@@ -81,10 +85,18 @@ class ChatEngine:
         #: generations that can hold a KV state at once (llama.cpp: ``max_states``; more would
         #: evict each other's caches)
         self.max_parallel: int | None = getattr(backend, "max_states", None)
+        #: called with the number of passes of each batched verification (metrics)
+        self.on_batch: Callable[[int], None] | None = None
         if hasattr(backend, "restore_evicted"):
             # realtime sessions hold KV states too: a state evicted to make room for another
             # session is prefilled again when its owner next needs it, instead of failing it
             backend.restore_evicted = True
+
+    def verify_together(self, passes: list[tuple[Any, list[int], list[int]]]) -> list[Any]:
+        """The verification passes of the completions in progress, as one ``extend_many``."""
+        if self.on_batch is not None:
+            self.on_batch(len(passes))
+        return self.backend.extend_many(passes)
 
     @classmethod
     def load(cls, config: ServerConfig) -> ChatEngine:
@@ -132,8 +144,11 @@ class ChatEngine:
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         return self.backend.tokenizer.chat(messages)
 
-    def generate(self, messages: list[dict[str, str]], params: ChatParams) -> Iterator[ChatEvent]:
-        """Deltas step by step, then one ``ChatDone``; runs on the model's worker thread."""
+    def generate(
+        self, messages: list[dict[str, str]], params: ChatParams
+    ) -> Generator[ChatEvent | Batched, Any, None]:
+        """Deltas step by step, then one ``ChatDone``; runs on a ``ModelWorker`` (which answers
+        its ``Batched`` requests)."""
         ids = self.prompt_ids(messages)
         cap = self.config.max_tokens
         cfg = GenerationConfig(
@@ -151,11 +166,26 @@ class ChatEngine:
                 # every request has a fresh drafter: it starts from what earlier ones learned
                 knowledge = KnowledgeStore(self.backend, drafter, self.config.drafter)
         dec = make_decoder(self.backend, drafter, knowledge=knowledge)
-        steps = dec.generate(ids, cfg)
+        if not isinstance(dec, SpeculativeDecoder):  # a remote engine runs its own loop
+            steps = dec.generate(ids, cfg)
+            try:
+                for ev in steps:
+                    yield ChatDelta(ev.text, len(ev.tokens), ev.drafted, ev.accepted)
+                yield ChatDone(dec.last_stats)
+            finally:
+                steps.close()  # the drafter's end() before the state goes
+                dec.close()
+            return
+        gen = None
         try:
-            for ev in steps:
+            gen = dec.start(ids, cfg)
+            while (p := gen.next_pass()) is not None:
+                # the worker runs this pass together with the other requests' (one decode)
+                logits = yield Batched(self.verify_together, (p.state, p.tokens, p.parents))
+                ev = gen.commit(logits)
                 yield ChatDelta(ev.text, len(ev.tokens), ev.drafted, ev.accepted)
-            yield ChatDone(dec.last_stats)
+            yield ChatDone(gen.stats)
         finally:
-            steps.close()  # the drafter's end() before the state goes
+            if gen is not None:
+                dec.end(gen)  # the drafter's end() before the state goes
             dec.close()

@@ -57,6 +57,12 @@ class Metrics:
         self.forwards = Counter(
             "speclive_target_forwards", "Forward passes of the target model (verifications)", registry=r
         )
+        self.batch = Histogram(
+            "speclive_verify_batch_size",
+            "Completions verified together in one target pass",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16),
+            registry=r,
+        )
         self.cancelled = Counter(
             "speclive_cancelled_generations", "Generations stopped because the client went away", registry=r
         )

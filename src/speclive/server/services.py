@@ -47,6 +47,12 @@ class Services:
         self.live_transcriber: Any = None
         if chat is not None:
             self.names.llm_name = chat.name
+            self._observe(chat)
+
+    def _observe(self, chat: Any) -> None:
+        """The chat engine reports its batched verifications to the metrics."""
+        if hasattr(chat, "on_batch"):
+            chat.on_batch = self.metrics.batch.observe
 
     # ---- workers ------------------------------------------------------------------------
     def worker(self, kind: str) -> ModelWorker:
@@ -89,6 +95,7 @@ class Services:
                 self._engines[kind] = eng
                 if kind == "chat":
                     self.names.llm_name = eng.name
+                    self._observe(eng)
                 log.info("%s model ready: %s", kind, eng.name)
         return self._engines[kind]
 

@@ -16,6 +16,14 @@ FIFO queue of *turns*:
   for, and on an idle one it uses the idle time. A background call that has not started can be
   withdrawn with its future's ``cancel()``.
 
+**Batched steps.** A stream's generator may yield a ``Batched(run, payload)`` instead of an
+item: it needs a unit of work that can run together with other streams' (one verification
+pass of each chat completion, all in one ``extend_many``). The worker then gives every other
+queued stream its turn in the same round, collects the requests with the same ``run``, calls
+``run`` once for them and sends each generator its own result (or throws its own exception
+into it); what the generators yield next is delivered as their items. Streams still advance
+one item per turn, round-robin.
+
 The iterator is created (``factory()``) and closed on the worker thread, so whatever it sets up
 and tears down in a ``try/finally`` (a ``SpeculativeDecoder`` and its KV state) lives entirely
 on that thread. Items reach the asyncio side through ``loop.call_soon_threadsafe``; awaiting
@@ -32,6 +40,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -40,6 +49,19 @@ log = logging.getLogger("speclive.server")
 
 class _End:
     """Marks the normal end of a stream."""
+
+
+@dataclass
+class Batched:
+    """A stream's request for work run together with other streams' requests for the same
+    ``run``: ``run(payloads)`` returns one result per payload, in order (an exception object in
+    place of a payload that failed, which is thrown into that stream's generator)."""
+
+    run: Callable[[list[Any]], list[Any]]
+    payload: Any
+
+
+_NOTHING = object()
 
 
 _END = _End()
@@ -79,6 +101,9 @@ class Stream(Generic[T]):
         self._done = threading.Event()
         #: True when the stream was closed by ``cancel()`` before its iterator ended
         self.was_cancelled = False
+        #: a ``Batched`` request the stream yielded right after a batched result: taken up in
+        #: its next turn
+        self._parked: Batched | None = None
 
     # ---- asyncio side -----------------------------------------------------------------
     async def next(self) -> T:
@@ -131,8 +156,14 @@ class Stream(Generic[T]):
                 log.exception("closing a cancelled stream failed")
         self._done.set()
 
-    def _turn(self) -> bool:
-        """Advance by one item; True when the stream wants another turn."""
+    def _turn(self, value: Any = _NOTHING, exc: BaseException | None = None) -> bool | Batched:
+        """Advance by one item (sending ``value`` to, or throwing ``exc`` into, a generator that
+        waits on a ``Batched`` request) and deliver it. Returns the ``Batched`` request the
+        stream now waits on, or whether it wants another turn."""
+        if self._parked is not None:
+            req, self._parked = self._parked, None
+            if not self._cancelled.is_set():
+                return req
         if self._cancelled.is_set():
             self.was_cancelled = True
             self._close()
@@ -141,16 +172,23 @@ class Stream(Generic[T]):
         try:
             if self._it is None:
                 self._it = iter(self._factory())
-            item = next(self._it)
+            if exc is not None:
+                item = self._it.throw(exc)  # type: ignore[attr-defined]
+            elif value is not _NOTHING:
+                item = self._it.send(value)  # type: ignore[attr-defined]
+            else:
+                item = next(self._it)
         except StopIteration:
             self._it = None
             self._done.set()
             self._deliver(_END)
             return False
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting request
             self._close()
-            self._deliver(_Failure(exc))
+            self._deliver(_Failure(e))
             return False
+        if isinstance(item, Batched):
+            return item
         if not self._deliver(item):
             self.was_cancelled = True
             self._close()
@@ -231,17 +269,61 @@ class ModelWorker:
                     return
                 task = self._queue.popleft() if self._queue else self._background.popleft()
                 self._current = task
-            again = False
+            again: bool | Batched = False
             if isinstance(task, Stream):
                 if self._closed:
                     task.cancel()
                 again = task._turn()
+                if isinstance(again, Batched):
+                    self._batched_round(task, again)
+                    again = False
             else:
                 self._run_call(task)
             with self._cv:
                 self._current = None
                 if again:
                     self._queue.append(task)
+
+    def _batched_round(self, first: Stream[Any], request: Batched) -> None:
+        """``first`` waits on ``request``: every queued stream takes its turn now, the requests
+        that share a ``run`` run as one call, each stream gets its result; all go back to the
+        tail of the queue in their order."""
+        with self._cv:
+            others = [t for t in self._queue if isinstance(t, Stream)]
+            for t in others:
+                self._queue.remove(t)
+        waiting: list[tuple[Stream[Any], Batched]] = [(first, request)]
+        again: list[Stream[Any]] = []
+        for s in others:
+            if self._closed:
+                s.cancel()
+            r = s._turn()
+            if isinstance(r, Batched):
+                waiting.append((s, r))
+            elif r:
+                again.append(s)
+        groups: dict[Any, list[tuple[Stream[Any], Batched]]] = {}
+        for s, r in waiting:
+            groups.setdefault(r.run, []).append((s, r))
+        for run, members in groups.items():
+            try:
+                results = run([r.payload for _, r in members])
+                if len(results) != len(members):
+                    raise RuntimeError(
+                        f"a batched run gave {len(results)} results for {len(members)} requests"
+                    )
+            except BaseException as e:  # noqa: BLE001 - every stream of the batch learns of it
+                results = [e] * len(members)
+            for (s, _), res in zip(members, results, strict=True):
+                r = s._turn(exc=res) if isinstance(res, BaseException) else s._turn(value=res)
+                if isinstance(r, Batched):
+                    s._parked = r
+                    again.append(s)
+                elif r:
+                    again.append(s)
+        order = {id(s): i for i, s in enumerate([first, *others])}
+        with self._cv:
+            self._queue.extend(sorted(again, key=lambda s: order[id(s)]))
 
     @staticmethod
     def _run_call(call: _Call) -> None:
