@@ -59,6 +59,8 @@ class ServeBenchOptions:
     #: spoken questions for the realtime phase (0: no realtime phase)
     voice_questions: int = 6
     voice_concurrency: tuple[int, ...] = (1, 4)
+    #: speclive's ``--max-sessions`` (None: enough for every client and voice session at once)
+    max_sessions: int | None = None
     command: str = ""
     out: Path = Path("benchmarks/results")
     tag: str = "serve"
@@ -358,6 +360,9 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
     log(f"server logs in {log_dir}")
     py = sys.executable
     ours_port, peer_port = free_port(), free_port()
+    # speclive computes that many requests at once (their verification passes batched); the
+    # peer's server takes one request at a time whatever it is told
+    sessions = opts.max_sessions or max(opts.clients, *opts.voice_concurrency, 1)
     cmds = {
         "speclive": [
             py,
@@ -376,6 +381,8 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
             str(opts.threads),
             "--n-ctx",
             str(opts.n_ctx),
+            "--max-sessions",
+            str(sessions),
         ],
         "llama_cpp.server": [
             py,
@@ -443,6 +450,7 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
         "prompts": {k: len(v) for k, v in opts.prompts.items()},
         "voice_questions": opts.voice_questions,
         "voice_concurrency": list(opts.voice_concurrency),
+        "speclive_max_sessions": sessions,
     }
     header |= {"settings": settings, "command": opts.command}
     return {
@@ -646,6 +654,9 @@ def add_serve_bench_parser(sub) -> None:
         "--voice-questions", type=int, default=6, help="spoken questions for the realtime phase (0: none)"
     )
     p.add_argument("--voice-sessions", default="1,4", help="realtime sessions at once, comma-separated")
+    p.add_argument(
+        "--max-sessions", type=int, default=None, help="speclive's --max-sessions (default: clients)"
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--tag", default=None, help="results name: serve-<tag>.*")
     p.add_argument("--no-plot", action="store_true")
@@ -698,6 +709,8 @@ def cmd_serve_bench(args) -> int:
     ]
     parts += ["--drafter", args.drafter, "--voice-questions", str(args.voice_questions)]
     parts += ["--voice-sessions", args.voice_sessions, "--tag", tag.removeprefix("serve-")]
+    if args.max_sessions:
+        parts += ["--max-sessions", str(args.max_sessions)]
     opts = ServeBenchOptions(
         model=model,
         prompts=_prompt_sets(sets, args.limit),
@@ -707,6 +720,7 @@ def cmd_serve_bench(args) -> int:
         drafter=args.drafter,
         voice_questions=args.voice_questions,
         voice_concurrency=tuple(int(x) for x in args.voice_sessions.split(",") if x),
+        max_sessions=args.max_sessions,
         command=report.command_line(parts),
         out=args.out,
         tag=tag,
