@@ -48,6 +48,20 @@ def test_sentence_ends():
     assert first_sentence_end("See e.g. this. And") == len("See e.g. this.")
 
 
+def test_a_first_clause_of_enough_words_ends_the_first_unit():
+    text = "The capital of France is Paris, which is known for art. More"
+    assert first_sentence_end(text, clause_words=4) == len("The capital of France is Paris,")
+    assert first_sentence_end(text, clause_words=8) == len(
+        "The capital of France is Paris, which is known for art."
+    )
+    assert first_sentence_end("Sure, here is a haiku: rain", clause_words=4) == len("Sure, here is a haiku:")
+    assert first_sentence_end("Yes. Paris, the capital, is big", clause_words=1) == len(
+        "Yes."
+    )  # sentence first
+    assert first_sentence_end("It costs 1,000 dollars. Yes", clause_words=2) == len("It costs 1,000 dollars.")
+    assert first_sentence_end("One two three four five", clause_words=4) == -1  # no clause end yet
+
+
 def test_word_arrivals_at_600_cpm():
     arr = word_arrivals("ab cd", 600)  # 10 characters per second
     assert arr == [("ab", pytest.approx(0.2)), ("cd", pytest.approx(0.5))]

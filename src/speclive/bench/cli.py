@@ -190,6 +190,12 @@ def add_bench_parser(subparsers: Any) -> None:
     lv.add_argument("--beta", type=float, default=0.2)
     lv.add_argument("--end-silence", type=float, default=0.5, help="silence (s) that ends a turn")
     lv.add_argument("--pause", type=float, default=0.2, help="silence (s) that starts speculative final work")
+    lv.add_argument(
+        "--first-clause",
+        type=int,
+        default=4,
+        help="chat: the first spoken unit may be a clause of at least this many words (0: a sentence)",
+    )
     lv.add_argument("--out", type=Path, default=DEFAULT_OUT)
     lv.add_argument("--tag", default=None, help="results name: live-<pipeline>-<tag>.*")
     lv.add_argument("--no-plot", action="store_true")
@@ -558,6 +564,8 @@ def cmd_live(args: argparse.Namespace) -> int:
     parts += ["--end-silence", f"{args.end_silence:g}", "--pause", f"{args.pause:g}"]
     if not chat:
         parts += ["--target-lang", args.target_lang, "--beta", f"{args.beta:g}"]
+    else:
+        parts += ["--first-clause", str(args.first_clause)]
     parts += ["--tag", tag.removeprefix(f"live-{args.pipeline}-")]
     opts = LiveBenchOptions(
         pipeline=args.pipeline,
@@ -571,6 +579,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         beta=args.beta,
         end_s=args.end_silence,
         pause_s=args.pause,
+        first_clause_words=args.first_clause,
         out=args.out,
         tag=tag,
         plot=not args.no_plot,

@@ -51,6 +51,8 @@ class LiveBenchOptions:
     beta: float = 0.2
     end_s: float = 0.5
     pause_s: float = 0.2
+    #: chat: the first spoken unit may be a clause of this many words or more (0: a sentence)
+    first_clause_words: int = 4
     asr_margin_s: float | None = 1.0
     seed: int = 0
     out: Path = Path("benchmarks/results")
@@ -228,6 +230,9 @@ def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = pri
             "mid-sentence pauses": sum(s["paused"] for s in samples),
             "end-of-turn silence s": opts.end_s,
             "pause s": opts.pause_s,
+            "first unit": f"clause of >= {opts.first_clause_words} words"
+            if opts.first_clause_words
+            else "sentence",
             "max_tokens": opts.max_tokens,
             "clock": "simulated, compute charged (VirtualClock)",
             "chunk s": 0.1,
@@ -244,7 +249,11 @@ def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = pri
             bar.set_postfix_str(f"q{s['id']} {s['voice']} {method}")
             mode, verifier = _mode_and_verifier(method)
             pcfg = PredGenConfig(
-                verifier=verifier, max_tokens=opts.max_tokens, line_breaks=True, speak_rest=False
+                verifier=verifier,
+                max_tokens=opts.max_tokens,
+                line_breaks=True,
+                speak_rest=False,
+                first_clause_words=opts.first_clause_words,
             )
             pipe = make_pipeline("chat", models, mode=mode, clock=VirtualClock(), turn=turn, predgen=pcfg)
             res = play(pipe, s["audio"])

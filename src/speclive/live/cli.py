@@ -143,7 +143,8 @@ def cmd_live(args: argparse.Namespace) -> int:
     from speclive.live.build import LiveModelsConfig, load_live_models, make_pipeline
     from speclive.live.clock import VirtualClock, WallClock, play
     from speclive.live.vad import TurnConfig
-    from speclive.sessions.predictive import PredGenConfig, _parse_verifier
+    from speclive.live.voicechat import voice_predgen
+    from speclive.sessions.predictive import _parse_verifier
     from speclive.sessions.retranslate import RetranslateConfig
 
     check_engine_args(args)
@@ -155,7 +156,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     predgen = retranslate = None
     if args.kind == "chat":
         _parse_verifier(args.verifier)
-        predgen = PredGenConfig(verifier=args.verifier, max_tokens=args.max_tokens, line_breaks=True)
+        predgen = voice_predgen(verifier=args.verifier, max_tokens=args.max_tokens)
     elif args.kind == "translate":
         retranslate = RetranslateConfig(target_lang=args.target_lang, beta=args.beta, mask_k=args.mask_k)
         retranslate.validate()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from speclive.backends.base import Backend
 from speclive.errors import ConfigError
@@ -40,6 +41,17 @@ from speclive.live.events import (
 from speclive.live.pipeline import LiveConfig, LivePipeline, _Turn
 from speclive.sessions.predictive import MODES, PredGenConfig, PredictiveResponder, ReplyPart
 from speclive.tts.base import TTS
+
+#: words a voice answer's first spoken unit needs before a , ; or : may end it
+VOICE_FIRST_CLAUSE = 4
+
+
+def voice_predgen(**overrides: Any) -> PredGenConfig:
+    """PredGen settings for a spoken answer: a line break ends a sentence too (a list's lead-in
+    is spoken on its own) and the first unit may be a clause of ``VOICE_FIRST_CLAUSE`` words
+    or more, so its audio is ready sooner."""
+    return PredGenConfig(**{"line_breaks": True, "first_clause_words": VOICE_FIRST_CLAUSE, **overrides})
+
 
 #: which transcripts each method listens to while the user speaks
 _LISTENS = {"predgen": True, "prefill": True, "preemptive": True, "cascade": False}
@@ -73,8 +85,7 @@ class VoiceChat(LivePipeline):
         self.llm = llm
         self.tts = tts
         self.mode = mode
-        #: a voice answer splits at line breaks too (a list's lead-in is a sentence of its own)
-        self.pcfg = predgen or PredGenConfig(line_breaks=True)
+        self.pcfg = predgen or voice_predgen()
         self.history: list[dict[str, str]] = list(history or [])
         self.responder: PredictiveResponder | None = None
         self.reply: Iterator[ReplyPart] | None = None

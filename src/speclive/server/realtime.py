@@ -226,7 +226,7 @@ def _apply_update(s: SessionSettings, session: Any) -> SessionSettings:
 
 
 def _pipeline_for(s: SessionSettings, models: LiveModels, turn: TurnConfig):
-    from speclive.sessions.predictive import PredGenConfig
+    from speclive.live.voicechat import voice_predgen
     from speclive.sessions.retranslate import RetranslateConfig
 
     try:
@@ -237,7 +237,7 @@ def _pipeline_for(s: SessionSettings, models: LiveModels, turn: TurnConfig):
                 mode=s.method,
                 clock=WallClock(),
                 turn=turn,
-                predgen=PredGenConfig(verifier=s.verifier, max_tokens=96),
+                predgen=voice_predgen(verifier=s.verifier, max_tokens=96),
                 speak=s.speak,
             )
         if s.mode == "translate":

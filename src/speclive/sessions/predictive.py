@@ -97,6 +97,9 @@ class PredGenConfig:
     #: a line break ends a sentence too (shorter first sentences for a voice: a list's lead-in
     #: is spoken before its first item is generated)
     line_breaks: bool = False
+    #: if > 0, the answer's first spoken unit may be a clause of at least this many words
+    #: (ending at , ; or :) instead of a whole sentence: its audio is ready sooner
+    first_clause_words: int = 0
 
 
 @dataclass
@@ -298,7 +301,7 @@ class PredictiveResponder:
         elif self.drafter is not None:
             forced = first = 0
             old_text = self.tok.decode(self.candidate)
-            end = first_sentence_end(old_text, line_breaks=self.cfg.line_breaks)
+            end = self._first_end(old_text)
             if end > 0:
                 first = self._tokens_covering(self.candidate, end)
                 if self.kind == "reflection":
@@ -328,9 +331,7 @@ class PredictiveResponder:
                 out.extend(ev.tokens)
                 if first_end < 0:
                     text = self.tok.decode(out)
-                    first_end = first_sentence_end(
-                        text, complete=bool(stats.finish_reason), line_breaks=self.cfg.line_breaks
-                    )
+                    first_end = self._first_end(text, complete=bool(stats.finish_reason))
                 else:
                     extra += len(ev.tokens)
                 if first_end >= 0 and extra >= self.cfg.lookahead:
@@ -354,6 +355,11 @@ class PredictiveResponder:
             "drafted": sum(stats.drafted_by_source.get(s, 0) for s in ("history", "forced")),
             "accepted": sum(stats.accepted_by_source.get(s, 0) for s in ("history", "forced")),
         }
+
+    def _first_end(self, text: str, complete: bool = False) -> int:
+        """Where the answer's first spoken unit ends in ``text`` (-1: not yet)."""
+        cfg = self.cfg
+        return first_sentence_end(text, complete, cfg.line_breaks, clause_words=cfg.first_clause_words)
 
     def _tokens_covering(self, ids: list[int], chars: int) -> int:
         """Fewest leading tokens of ``ids`` whose text covers ``chars`` characters."""
@@ -501,7 +507,12 @@ class PredictiveResponder:
                 yield ReplyPart("text", visible[shown:])
                 shown = len(visible)
             while True:
-                end = first_sentence_end(text[spoken:], complete=complete, line_breaks=self.cfg.line_breaks)
+                rest = text[spoken:]
+                end = (
+                    self._first_end(rest, complete)
+                    if first is None
+                    else first_sentence_end(rest, complete=complete, line_breaks=self.cfg.line_breaks)
+                )
                 if end < 0:
                     return
                 sentence = text[spoken : spoken + end].strip()
