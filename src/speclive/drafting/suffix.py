@@ -89,10 +89,9 @@ class SuffixConfig:
     probe_nodes: int = 1
     #: fuse the latest longest request match's continuation in as a chain (module docstring)
     copy_chain: bool = True
-    #: longest copied chain. 32 was tried (t(32)/t(1) ≈ 13 here: a 31-token copy accepted whole
-    #: gives 2.4 tokens per step-cost against 2.2 for 15) and lost: a bucket's α learned on code
-    #: (≈ 0.97) sends 31-token chains on chat that fail after a few tokens, 13 steps of cost each
-    #: (talon-qwen1.5b-llamacpp-final2: chat 0.98×, one such chain cost a prompt 10 %)
+    #: longest copied chain: a longer one gains little when a copy is taken whole (the cost
+    #: curve grows almost linearly there) and costs much when a bucket's acceptance learned on
+    #: code sends it on chat, where copies fail after a few tokens (docs/talon.md)
     chain_depth: int = 16
     #: probes are not verified but compared with the tokens the target commits anyway (a
     #: "free probe", module docstring): same calibration and back-off, no verification cost

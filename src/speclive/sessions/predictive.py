@@ -83,16 +83,12 @@ class PredGenConfig:
     #: pre-synthesize every new first sentence at once, even one seen for the first time whose
     #: synthesis overruns the next word (a sentence produced by the last update before the user
     #: stops otherwise reaches ``finish`` without audio although the final verification keeps it).
-    #: Off: on 40 MT-Bench questions it made greedy slower, 1.46x vs 1.72x
-    #: (predgen-qwen0.5b-llamacpp-turn1-40q-eager): the syntheses delay the updates, and the
-    #: wait at the end of the input grew more than the TTS time it saved
+    #: Off by default: the syntheses delay the updates more than they save (docs/sessions.md)
     presynth_eager: bool = False
     #: how the candidate's first sentence is verified: "sentence" = all of it in one pass (the
     #: paper), "chunks" = cost-curve-sized chunks, which stop at the first rejected chunk
-    #: instead of paying for a whole long sentence rejected early. Measured on 12 MT-Bench
-    #: questions (predgen-qwen0.5b-llamacpp-turn1-firstpass): greedy 1.46x with one pass vs
-    #: 1.35x with chunks -- the accepted sentences' extra passes cost more than the early
-    #: rejections saved -- so one pass stays the default.
+    #: instead of paying for a whole long sentence rejected early (slower on the measured
+    #: sets: the accepted sentences' extra passes cost more, docs/sessions.md)
     first_pass: str = "sentence"
     #: a line break ends a sentence too (shorter first sentences for a voice: a list's lead-in
     #: is spoken before its first item is generated)
