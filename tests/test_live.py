@@ -436,6 +436,8 @@ def test_background_work_and_abort_free_the_states_without_finishing(hf_smol, pi
     while not texts:  # the final transcript, then the answer's first text
         texts = [e for e in vc.step() or [] if e.type == "answer_delta"]
     assert llm.live > 0
+    # the turn's end is handled, but the answer is still being produced: the session is busy
+    assert vc.turn.end_done and vc.reply is not None and vc.working
     vc.abort()
     assert llm.live == 0 and vc.closed and vc.reply is None
     assert vc.step() is None and vc.close() == []  # nothing is computed after an abort

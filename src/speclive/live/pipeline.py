@@ -266,6 +266,12 @@ class LivePipeline:
         return [] if turn.ended else self._on_pause(turn)
 
     @property
+    def working(self) -> bool:
+        """A turn is open, or what answers it is still being produced."""
+        t = self.turn
+        return t is not None and not (t.ended and t.end_done)
+
+    @property
     def background(self) -> bool:
         """Whether ``step``'s next unit only speculates (nobody waits for its events yet)."""
         return False

@@ -177,7 +177,7 @@ class VoiceChat(LivePipeline):
     # ---- compute ----------------------------------------------------------------------------
     def _work(self, deadline: float | None) -> list[Event] | None:
         if self.reply is not None:
-            return self._reply_step()
+            return self._reply_steps(deadline)
         turn, r = self.turn, self.responder
         if turn is None or turn.ended or r is None or self.mode == "cascade":
             return None
@@ -217,6 +217,18 @@ class VoiceChat(LivePipeline):
                 presynthesized=r.presynth is not None and r.presynth[0] == u.first_sentence,
             )
         ]
+
+    def _reply_steps(self, deadline: float | None) -> list[Event]:
+        """Parts of the answer until ``deadline`` (one part without one), a sentence's audio or
+        the end of the answer: a unit of some length, so an answer does not wait for a turn
+        of a shared worker between every two tokens."""
+        events: list[Event] = []
+        while self.reply is not None:
+            new = self._reply_step()
+            events += new
+            if deadline is None or self.clock() >= deadline or any(e.type == "audio" for e in new):
+                break
+        return events
 
     def _reply_step(self) -> list[Event]:
         assert self.reply is not None and self.reply_turn is not None
@@ -325,6 +337,10 @@ class VoiceChat(LivePipeline):
             max_lag_s=turn.max_lag_s,
             extra=extra,
         )
+
+    @property
+    def working(self) -> bool:
+        return super().working or self.reply is not None
 
     @property
     def background(self) -> bool:

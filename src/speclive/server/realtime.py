@@ -318,9 +318,8 @@ class RealtimeSession:
         self.pending: SessionSettings | None = None
 
     def busy(self) -> bool:
-        """A turn is open (or its answer is still being worked out)."""
-        t = self.pipeline.turn if self.pipeline is not None else None
-        return t is not None and not (t.ended and t.end_done)
+        """A turn is open, or its answer is still being worked out or sent."""
+        return self.pipeline is not None and self.pipeline.working
 
     # ---- sending ----------------------------------------------------------------------
     async def send(self, type_: str, **payload: Any) -> None:
