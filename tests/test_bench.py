@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from speclive.bench import report
-from speclive.bench.cli import add_bench_parser
 from speclive.bench.peers import strip_eos
 from speclive.bench.suites import (
     CostCurve,
@@ -26,6 +25,7 @@ from speclive.bench.suites import (
     trace_bound,
     write_decode_outputs,
 )
+from speclive.cli.bench import add_bench_parser
 
 SMOL = "smollm2-135m-instruct"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -278,15 +278,28 @@ def test_replicas_and_hybrid_against_best_single() -> None:
     rng = np.random.default_rng(1)
     recs = []
     # per method: throughput factor vs AR on set "a" and set "b"
-    speed = {"ar": (1.0, 1.0), "ngram": (1.10, 1.0), "suffix": (1.20, 1.02), "suffix#2": (1.20, 1.02),
-             "hybrid": (1.30, 0.90)}
+    speed = {
+        "ar": (1.0, 1.0),
+        "ngram": (1.10, 1.0),
+        "suffix": (1.20, 1.02),
+        "suffix#2": (1.20, 1.02),
+        "hybrid": (1.30, 0.90),
+    }
     for s_i, s in enumerate(("a", "b")):
         for p in range(12):
             base_wall = 4.0 + p % 3
             for m, f in speed.items():
                 wall = base_wall / f[s_i] * (1 + 0.005 * rng.standard_normal())
-                recs.append({"set": s, "prompt_id": f"p{p}", "label": m, "token_ids": [1] * 96,
-                             "new_tokens": 96, "wall_s": wall})
+                recs.append(
+                    {
+                        "set": s,
+                        "prompt_id": f"p{p}",
+                        "label": m,
+                        "token_ids": [1] * 96,
+                        "new_tokens": 96,
+                        "wall_s": wall,
+                    }
+                )
     hv = hybrid_vs_best(recs, n_boot=500)
     a, b = hv["a"], hv["b"]
     assert a["best_single"] == "suffix" and b["best_single"] == "suffix"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from speclive.cli.models import add_models_parser
 from speclive.errors import HashMismatchError, UnknownModelError
 from speclive.models import install as inst
-from speclive.models.cli import add_models_parser
 from speclive.models.registry import (
     REGISTRY,
     AssembledFile,

@@ -539,7 +539,7 @@ def test_a_model_that_fails_to_load_is_503_and_the_server_stays_up():
 def test_serve_cli_parses(capsys):
     import argparse
 
-    from speclive.server.cli import add_serve_parser, config_from_args
+    from speclive.cli.serve import add_serve_parser, config_from_args
 
     parser = argparse.ArgumentParser()
     add_serve_parser(parser.add_subparsers(dest="command"))

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from speclive.asr.cli import parse_margin
+from speclive.cli.asr import parse_margin
 
 
 def add_asr_bench_parser(sub: Any) -> None:

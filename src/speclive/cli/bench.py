@@ -205,7 +205,7 @@ def add_bench_parser(subparsers: Any) -> None:
 
     add_speechlm_bench_parser(sub)
 
-    from speclive.bench.asr_cli import add_asr_bench_parser
+    from speclive.cli.bench_asr import add_asr_bench_parser
 
     add_asr_bench_parser(sub)
 

@@ -15,7 +15,7 @@ GRACEFUL_S = 30
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    from speclive.cli import _add_engine_args
+    from speclive.cli.generate import add_engine_args
     from speclive.engines.options import add_engine_options
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server: chat, transcription, speech")
@@ -23,7 +23,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000)
     # --model --backend --drafter --draft-model --max-draft --threshold --threads --device --n-ctx
     # --datastore, as `generate` has them (the drafter is checked against SERVE_DRAFTERS)
-    _add_engine_args(p)
+    add_engine_args(p)
     add_engine_options(p)
     p.add_argument("--asr-model", default="whisper-base", help="Whisper model of /v1/audio/transcriptions")
     p.add_argument("--asr-draft", default="whisper-tiny.en", help="SpecASR draft (a Whisper model or self:N)")

@@ -1,4 +1,5 @@
-"""The ``speclive`` command line: generate, models, knowledge, bench, demo, transcribe."""
+"""``speclive generate``: answer one prompt with speculative decoding (and the engine options
+the other commands that load one model share)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from speclive.errors import SpecliveError
 
 
-def _add_engine_args(p: argparse.ArgumentParser) -> None:
+def add_engine_args(p: argparse.ArgumentParser) -> None:
     from speclive.loader import BACKENDS, DEFAULT_MODEL, DRAFTERS
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
@@ -119,12 +120,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="speclive", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_generate_parser(sub) -> None:
     g = sub.add_parser("generate", help="answer a prompt with speculative decoding")
-    _add_engine_args(g)
+    add_engine_args(g)
     g.add_argument("--max-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
@@ -137,52 +135,3 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     g.add_argument("prompt")
     g.set_defaults(func=cmd_generate)
-
-    from speclive.models.cli import add_models_parser
-
-    add_models_parser(sub)
-
-    from speclive.knowledge import add_knowledge_parser
-
-    add_knowledge_parser(sub)
-
-    from speclive.bench.cli import add_bench_parser
-    from speclive.demo import add_demo_parser
-    from speclive.sessions.cli import add_predgen_parser, add_retranslate_parser
-
-    add_bench_parser(sub)
-    from speclive.datastore_cli import add_datastore_parser
-
-    add_datastore_parser(sub)
-    add_demo_parser(sub)
-    add_retranslate_parser(sub)
-    add_predgen_parser(sub)
-
-    from speclive.speechlm.cli import add_speechlm_parser
-
-    add_speechlm_parser(sub)
-
-    from speclive.asr.cli import add_transcribe_parser
-
-    add_transcribe_parser(sub)
-
-    from speclive.live.cli import add_live_parser
-
-    add_live_parser(sub)
-
-    from speclive.server.cli import add_serve_parser
-
-    add_serve_parser(sub)
-
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except SpecliveError as e:
-        print(f"speclive: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -123,7 +123,7 @@ def run_models(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry point: ``python -m speclive.models.cli list``."""
+    """Stand-alone entry point: ``python -m speclive.cli.models list``."""
     parser = argparse.ArgumentParser(prog="speclive")
     add_models_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["models", *(sys.argv[1:] if argv is None else argv)])

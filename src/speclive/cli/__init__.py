@@ -1,0 +1,53 @@
+"""The ``speclive`` command line: generate, models, knowledge, bench, demo, transcribe.
+
+One module per command group (``speclive.cli.<group>``), each adding its parser to the top-level
+one; the commands are thin shells over the library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from speclive.errors import SpecliveError
+
+
+def main(argv: list[str] | None = None) -> int:
+    from speclive.cli.asr import add_transcribe_parser
+    from speclive.cli.bench import add_bench_parser
+    from speclive.cli.datastore import add_datastore_parser
+    from speclive.cli.generate import add_generate_parser
+    from speclive.cli.live import add_live_parser
+    from speclive.cli.models import add_models_parser
+    from speclive.cli.serve import add_serve_parser
+    from speclive.cli.sessions import add_predgen_parser, add_retranslate_parser
+    from speclive.cli.speechlm import add_speechlm_parser
+    from speclive.demo import add_demo_parser
+    from speclive.knowledge import add_knowledge_parser
+
+    parser = argparse.ArgumentParser(prog="speclive", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_generate_parser(sub)
+    add_models_parser(sub)
+    add_knowledge_parser(sub)
+    add_bench_parser(sub)
+    add_datastore_parser(sub)
+    add_demo_parser(sub)
+    add_retranslate_parser(sub)
+    add_predgen_parser(sub)
+    add_speechlm_parser(sub)
+    add_transcribe_parser(sub)
+    add_live_parser(sub)
+    add_serve_parser(sub)
+
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SpecliveError as e:
+        print(f"speclive: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+__all__ = ["main"]
