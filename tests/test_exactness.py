@@ -28,6 +28,7 @@ from prompts import ALL
 
 from speclive.backends.base import NEAR_TIE_GAP
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
+from speclive.decoder import greedy_reference as decoder_greedy_reference
 from speclive.drafting.base import AdaptiveConfig, Drafter
 from speclive.drafting.crossvocab import CrossVocabDrafter
 from speclive.drafting.model import ModelDrafter
@@ -53,29 +54,14 @@ _REFERENCES: dict[tuple[int, tuple[int, ...], int], tuple[list[int], list[float]
 
 
 def greedy_reference(backend, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    """Plain one-token-at-a-time greedy decoding, with the top-2 logit gap of every step
-    (computed once per backend, prompt and length in a test session)."""
+    """Plain one-token-at-a-time greedy decoding (``speclive.decoder.greedy_reference``), with
+    the top-2 logit gap of every step (computed once per backend, prompt and length in a test
+    session)."""
     key = (id(backend), tuple(prompt), n)
     if key not in _REFERENCES:
-        _REFERENCES[key] = _greedy_reference(backend, prompt, n)
+        _REFERENCES[key] = decoder_greedy_reference(backend, prompt, n)
     out, gaps = _REFERENCES[key]
     return list(out), list(gaps)
-
-
-def _greedy_reference(backend, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    s = backend.new_state()
-    row = backend.extend(s, prompt)[-1]
-    out, gaps = [], []
-    for _ in range(n):
-        top = np.sort(row)[-2:]
-        tok = int(np.argmax(row))
-        gaps.append(float(top[1] - top[0]))
-        if tok in backend.tokenizer.eos_ids:
-            break
-        out.append(tok)
-        row = backend.extend(s, [tok])[-1]
-    backend.release(s)
-    return out, gaps
 
 
 class NoisyTreeDrafter(Drafter):
