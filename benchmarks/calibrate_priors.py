@@ -41,7 +41,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from speclive.bench.suites import load_prompts
+from speclive.bench.prompts import load_prompts
 from speclive.drafting.ngram import NgramDrafter
 from speclive.loader import tokenizer_for
 from speclive.models.resolve import resolve

@@ -23,7 +23,7 @@ import json
 import sys
 
 from speclive.backends.base import CostModel
-from speclive.bench.suites import load_prompts
+from speclive.bench.prompts import load_prompts
 from speclive.drafting.ngram import NgramDrafter
 from speclive.drafting.priors import cost_curve
 from speclive.drafting.suffix import SuffixConfig, SuffixDrafter, load_datastore

@@ -5,7 +5,7 @@ On the fp32 transformers backend β = 0 must equal AR token for token. On llama.
 verification pass moves logits slightly (quantized kernels, ENGINES.md), so an output may flip
 where the top-2 gap is tiny; a flip at a clear margin would be a verification bug. The gap is
 read by re-running AR one token at a time up to the divergence, as ``bench decode`` and
-``bench predgen`` classify theirs (``bench.suites.ar_logit_gap``)::
+``bench predgen`` classify theirs (``bench.exactness.ar_logit_gap``)::
 
     flock /tmp/speclive-cpu.lock python benchmarks/retranslate_near_ties.py \\
         benchmarks/results/retranslate-qwen0.5b-llamacpp-de-12.json
@@ -23,7 +23,7 @@ from pathlib import Path
 
 def first_difference(ar_updates: list[list[int]], other: list[list[int]]) -> tuple[int, int] | None:
     """(update, token) of the first difference, or None when every update is identical."""
-    from speclive.bench.suites import first_divergence
+    from speclive.bench.exactness import first_divergence
 
     for u, (a, b) in enumerate(zip(ar_updates, other, strict=True)):
         pos = first_divergence(a, b)
@@ -33,8 +33,8 @@ def first_difference(ar_updates: list[list[int]], other: list[list[int]]) -> tup
 
 
 def main(argv: list[str] | None = None) -> int:
+    from speclive.bench.exactness import ar_logit_gap
     from speclive.bench.report import NEAR_TIE_GAP, command_line
-    from speclive.bench.suites import ar_logit_gap
     from speclive.loader import load_backend
     from speclive.sessions.retranslate import ReTranslator
     from speclive.sessions.simulate import lag_k_prefixes

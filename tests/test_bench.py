@@ -15,16 +15,10 @@ from pathlib import Path
 import pytest
 
 from speclive.bench import report
+from speclive.bench.costcurve import CostCurve, alpha_bound, alpha_hat, trace_bound
+from speclive.bench.decode import summarize, write_decode_outputs
+from speclive.bench.exactness import first_divergence
 from speclive.bench.peers import strip_eos
-from speclive.bench.suites import (
-    CostCurve,
-    alpha_bound,
-    alpha_hat,
-    first_divergence,
-    summarize,
-    trace_bound,
-    write_decode_outputs,
-)
 from speclive.cli.bench import add_bench_parser
 
 SMOL = "smollm2-135m-instruct"
@@ -271,7 +265,7 @@ def test_replicas_and_hybrid_against_best_single() -> None:
     the best single drafter per set with a bootstrap interval over prompts."""
     import numpy as np
 
-    from speclive.bench.suites import method_base
+    from speclive.bench.methods import method_base
     from speclive.bench.talon import hybrid_vs_best, talon_markdown
 
     assert method_base("suffix#2") == "suffix" and method_base("hybrid") == "hybrid"

@@ -221,7 +221,8 @@ def test_llama_cpp_prompt_lookup_peer_is_greedy_and_drafts(llama_smol):
 
 
 def test_cold_methods_and_cold_vs_warm_table():
-    from speclive.bench.suites import Method, _cold_methods, cold_vs_warm
+    from speclive.bench.decode import _cold_methods, cold_vs_warm
+    from speclive.bench.methods import Method
 
     local = [
         Method("ar", "llamacpp", "ours"),

@@ -257,7 +257,7 @@ def test_bench_refuses_a_datastore_holding_benchmark_answers(tmp_path):
     from types import SimpleNamespace
 
     from speclive.bench.datasets import mtbench_questions
-    from speclive.bench.suites import load_prompts
+    from speclive.bench.prompts import load_prompts
     from speclive.bench.talon import run_talon
     from speclive.cli import main
     from speclive.errors import ConfigError

@@ -175,7 +175,7 @@ def test_run_all_round_trip_with_a_fake_interpreter(tmp_path: Path) -> None:
 
 
 def test_peer_comparison_line() -> None:
-    from speclive.bench.report import peer_comparison
+    from speclive.bench.decode import peer_comparison
 
     rows = [
         {"method": "ar", "backend": "llamacpp", "e2e_tps": 20.0, "prompts": 2},

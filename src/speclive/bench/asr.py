@@ -26,6 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from speclive.bench.costcurve import CURVE_COLUMNS
+from speclive.bench.datasets import mtbench_questions
+from speclive.bench.report import _pyplot, markdown_preamble, md_table
+
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 
 
@@ -122,7 +126,6 @@ def librivox_clips() -> list[Clip]:
 
 def piper_clips(n: int) -> list[Clip]:
     from speclive.asr.audio import to_mono_16k
-    from speclive.bench.datasets import mtbench_questions
     from speclive.tts.piper import PiperTTS
     from speclive.tts.sentences import split_sentences
 
@@ -323,8 +326,6 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
 
 
 def markdown(result: dict[str, Any]) -> str:
-    from speclive.bench.report import CURVE_COLUMNS, markdown_preamble, md_table
-
     lines = markdown_preamble("ASR: Whisper AR vs SD vs SpecASR (per 10 s of audio)", result["header"])
     lines += [
         f"{len(result['clips'])} clips, {result['audio_s']:.1f} s of audio. Times are decoder ms per 10 s of "
@@ -346,8 +347,6 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def plot(path: Path, result: dict[str, Any]) -> Path:
-    from speclive.bench.report import _pyplot
-
     plt = _pyplot()
     rows = [r for r in result["rows"]]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2.2, 1]})

@@ -10,7 +10,8 @@ priors. Timing is that of the generation only (model loading is reported apart, 
 ``load_s``).
 
 The parent (``run_cold``) talks to the child through JSON files: the job on stdin, the record
-(the format of ``OurRunner.run`` / ``peer_record``) in the file named by the only argument.
+(the format of ``OurRunner.run`` / ``peer_record`` of ``speclive.bench.methods``) in the file
+named by the only argument.
 """
 
 from __future__ import annotations
@@ -24,20 +25,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+from speclive.bench.methods import local_runner
+
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Load, build, generate once (in this process); returns the record."""
-    from speclive.bench.suites import DecodeOptions, _local_runner
     from speclive.loader import load_backend
     from speclive.models.resolve import resolve
 
     t0 = time.perf_counter()
     target = load_backend(job["target"], job["backend"])
     ref = resolve(job["target"])
-    opts = DecodeOptions(target=job["target"], max_draft=job.get("max_draft"), datastore=job.get("datastore"))
     kdir = job.get("knowledge_dir")
-    runner = _local_runner(
-        job["method"], job["backend"], target, ref, opts, knowledge_dir=Path(kdir) if kdir else None
+    runner = local_runner(
+        job["method"],
+        job["backend"],
+        target,
+        ref,
+        job.get("max_draft"),
+        job.get("datastore"),
+        knowledge_dir=Path(kdir) if kdir else None,
     )
     if runner is None or isinstance(runner, str):
         raise RuntimeError(f"{job['method']} does not apply: {runner}")

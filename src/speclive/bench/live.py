@@ -31,6 +31,9 @@ from typing import Any
 import numpy as np
 
 from speclive.bench import report
+from speclive.bench.datasets import mtbench_questions
+from speclive.bench.exactness import ar_logit_gap, first_divergence
+from speclive.bench.ssbd import _quality, bench_sentences
 
 CHAT_METHODS = ("predgen", "cascade", "prefill", "preemptive")
 TRANSLATE_METHODS = ("ssbd", "ar", "cascade")
@@ -136,8 +139,6 @@ def speak(
 
 def chat_questions(limit: int, max_chars: int = 160) -> list[dict[str, Any]]:
     """Spoken-style MT-Bench turn-1 questions: one line, no code, at most ``max_chars``."""
-    from speclive.bench.datasets import mtbench_questions
-
     pool = [
         q
         for q in mtbench_questions(1)
@@ -340,7 +341,6 @@ def check_identity(records: list[dict[str, Any]], backend) -> None:
     """Every greedy method's answer against the cascade's for the same sample, where the final
     transcripts match: identical, a near-tie of the backend (plain AR's top-2 logit gap at the
     first difference below ``report.NEAR_TIE_GAP``), or a BUG."""
-    from speclive.bench.suites import ar_logit_gap, first_divergence
     from speclive.sessions.predictive import SYSTEM_PROMPT, chat_prompt
 
     base = {(r["id"], r["voice"]): r for r in records if r["method"] == "cascade" and "token_ids" in r}
@@ -534,8 +534,6 @@ def write_outputs(result: dict[str, Any], out: Path, tag: str, plot_it: bool = T
 def translate_utterances(limit: int) -> list[str]:
     """Utterances of two consecutive benchmark sentences each (a sentence is committed while
     the next is spoken)."""
-    from speclive.bench.ssbd import bench_sentences
-
     sents = bench_sentences(2 * limit)
     return [" ".join(sents[i : i + 2]) for i in range(0, len(sents) - 1, 2)][:limit]
 
@@ -620,8 +618,6 @@ def run_live_translate_bench(opts: LiveBenchOptions, log: Callable[[str], None] 
 
 
 def summarize_translate(records: list[dict[str, Any]], opts: LiveBenchOptions) -> list[dict[str, Any]]:
-    from speclive.bench.ssbd import _quality
-
     methods = list(opts.methods)
     keys = sorted({(r["id"], r["voice"]) for r in records})
     by = {(r["method"], r["id"], r["voice"]): r for r in records}

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from speclive.bench import report
+from speclive.bench.datasets import mtbench_questions
+from speclive.bench.exactness import ar_logit_gap, first_divergence
 
 METHODS = ("baseline", "greedy", "topk:3", "reflection")
 
@@ -128,7 +130,6 @@ def _parse_rating(text: str) -> float | None:
 def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from speclive.bench.datasets import mtbench_questions
     from speclive.loader import load_backend
     from speclive.sessions.predictive import PredictiveResponder, parse_method
     from speclive.sessions.simulate import simulate_user
@@ -247,12 +248,11 @@ def check_greedy_exactness(
     """Classify every greedy answer that differs from the baseline's (the engine's rule).
 
     At the first differing token, plain AR is re-run on the baseline's prompt and answer and
-    the top-2 logit gap there is read (``bench.suites.ar_logit_gap``). Below ``near_tie`` the
+    the top-2 logit gap there is read (``bench.exactness.ar_logit_gap``). Below ``near_tie`` the
     two choices are a near-tie, which a quantized backend may flip between batch shapes (a
     verification pass vs a one-token step); a larger gap is a BUG (a wrong mask, position or
     cache reuse). Marks ``rec["divergence"]``; returns the divergences.
     """
-    from speclive.bench.suites import ar_logit_gap, first_divergence
     from speclive.sessions.predictive import chat_prompt
 
     base = {(r["id"], r["turn"]): r for r in records if r["method"] == "baseline"}

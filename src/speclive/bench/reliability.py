@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from speclive.bench import report
+from speclive.bench.fuzz import fuzz_rest
+from speclive.bench.fuzz_realtime import fuzz_realtime
 
 
 class ErrorLog(logging.Handler):
@@ -80,8 +82,6 @@ def _server(args: argparse.Namespace, key: str):
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from speclive.bench.fuzz import fuzz_rest
-    from speclive.bench.fuzz_realtime import fuzz_realtime
     from speclive.server.audio import resample
     from speclive.server.inproc import serve_in_thread
 

@@ -1,8 +1,9 @@
-"""Benchmark reporting: machine header, JSON/Markdown writers and matplotlib plots.
+"""Benchmark reporting shared by every benchmark: run header, JSON/Markdown writers, plots.
 
-Everything here is presentation: the measurements come from ``speclive.bench.suites``. The
-Markdown tables carry the header (machine, models, settings) and the exact command that
-reproduces them, so a results file is self-describing.
+Everything here is presentation and knows no benchmark: the measurements come from the
+benchmark modules (``speclive.bench.decode``, ``talon``, ...). The Markdown tables carry the
+header (machine, models, settings) and the exact command that reproduces them, so a results
+file is self-describing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 # a divergence from AR at a reference top-2 logit gap below NEAR_TIE_GAP is a near-tie flip
-from speclive.backends.base import NEAR_TIE_GAP
+from speclive.backends.base import NEAR_TIE_GAP as NEAR_TIE_GAP
 from speclive.sysinfo import cpu_model
 
 
@@ -192,191 +193,6 @@ def md_table(columns: Sequence[tuple[str, str, int]], rows: Iterable[Mapping[str
     return "\n".join(out)
 
 
-# ------------------------------------------------------------------------------------ decode
-SUMMARY_COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("method", "method", 0),
-    ("backend", "backend", 0),
-    ("prompts", "prompts", 0),
-    ("new_tokens", "tokens", 0),
-    ("e2e_tps", "e2e tok/s", 1),
-    ("speedup", "speedup vs ar", 2),
-    ("decode_speedup", "decode speedup", 2),
-    ("tau", "τ", 2),
-    ("acceptance_rate", "accept", 2),
-    ("alpha", "α̂", 2),
-    ("bound_trace", "free-draft bound", 2),
-    ("efficiency", "of bound", 2),
-    ("bound_alpha", "α-bound", 2),
-    ("bound_alpha_k", "k*", 0),
-    ("identical", "identical", 0),
-    ("near_tie", "near-tie flips", 0),
-    ("bugs", "BUGS", 0),
-)
-
-CURVE_COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("k", "k", 0),
-    ("ms", "t(k) ms", 2),
-    ("ratio", "t(k)/t(1)", 2),
-    ("per_token_ms", "ms/token", 2),
-)
-
-
-STOCK_CURVE_COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("stock_ms", "stock nn.Linear t(k) ms", 2),
-    ("stock_ratio", "stock t(k)/t(1)", 2),
-    ("linear_speedup", "dual-layout speedup", 2),
-)
-
-
-def curve_columns(rows: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, str, int], ...]:
-    """The cost-curve table's columns; the stock-linear comparison when it was measured."""
-    return CURVE_COLUMNS + (STOCK_CURVE_COLUMNS if rows and "stock_ms" in rows[0] else ())
-
-
-def _identical_cell(row: Mapping[str, Any]) -> str:
-    if row.get("identical") is None:
-        return "–"
-    return f"{row['identical']}/{row['compared']}"
-
-
-def peer_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
-    """One line: our fastest method's e2e tok/s over each peer's, within one set of one run.
-
-    Peers of every backend count (llama-cpp-python, transformers, vLLM): the rows of one run saw
-    the same prompts, so single-stream throughputs compare directly across engines.
-    """
-    from speclive.bench.suites import OUR_METHODS, TALON_METHODS
-
-    ours_names = set(OUR_METHODS) | set(TALON_METHODS)
-    rows = [r for r in rows if "/cold" not in r["backend"]]  # cold runs have their own table
-    ours = [r for r in rows if r["method"] in ours_names and r.get("e2e_tps")]
-    peers = [r for r in rows if r["method"] not in ours_names and r.get("e2e_tps")]
-    if not ours or not peers:
-        return ""
-    best = max(ours, key=lambda r: r["e2e_tps"])
-
-    def name(r: Mapping[str, Any]) -> str:
-        return f"`{r['method']}` [{r['backend']}]"
-
-    parts = []
-    for r in sorted(peers, key=lambda r: -r["e2e_tps"]):
-        note = f", {r['prompts']} of {best['prompts']} prompts" if r["prompts"] != best["prompts"] else ""
-        parts.append(f"{name(r)} {r['e2e_tps']:.2f} ({best['e2e_tps'] / r['e2e_tps']:.2f}×{note})")
-    return (
-        f"Single-stream e2e tok/s, our fastest {name(best)} {best['e2e_tps']:.2f} over each peer: "
-        + "; ".join(parts)
-        + "."
-    )
-
-
-def decode_markdown(result: Mapping[str, Any]) -> str:
-    """The Markdown report of a decode benchmark (header, command, one table per set)."""
-    header = result["header"]
-    lines = [f"# speclive decode benchmark: {header.get('tag')}", ""]
-    lines += [f"- {h}" for h in header_lines(header)]
-    lines += ["", "Reproduce with:", "", "```", header.get("command", ""), "```", ""]
-    lines += [
-        "Columns: *e2e tok/s* = new tokens / wall time of the whole call (prefill included, same for "
-        "every method and peer); *speedup* = e2e throughput over `ar` of the same backend on the same "
-        "prompts (the ratio of summed times when the outputs have equal length); *decode speedup* "
-        "excludes prefill (our loop only); *τ* = tokens per target forward; *α̂* = per-token "
-        "acceptance estimate; *free-draft bound* = speedup the same draft/accept trace would give if "
-        "drafting were free and verification cost followed the measured cost curve; *of bound* = "
-        "decode speedup / that bound; *α-bound* = best speedup of a free chain drafter with "
-        "acceptance α̂ at the optimal fixed length k*; *identical* = prompts whose output is "
-        f"token-identical to `ar`; a divergence at a reference top-2 logit gap < {NEAR_TIE_GAP} is a "
-        "near-tie flip, larger gaps are BUGS.",
-        "",
-    ]
-    bounds = result.get("ceilings", {})
-    if bounds:
-        lines.append(
-            "Ceiling (perfect acceptance, free drafting, measured cost curve): "
-            + ", ".join(f"{b}: {c['speedup']:.2f}× at k={c['k']}" for b, c in bounds.items())
-        )
-        lines.append("")
-    by_set: dict[str, list[dict]] = {}
-    for row in result["summary"]:
-        by_set.setdefault(row["set"], []).append(dict(row))
-    for name, rows in by_set.items():
-        for r in rows:
-            r["identical"] = _identical_cell(r)
-        lines += [f"## {name}", "", md_table(SUMMARY_COLUMNS, rows), ""]
-        versus = peer_comparison(rows)
-        if versus:
-            lines += [versus, ""]
-    cvw = result.get("cold_vs_warm")
-    if cvw:
-        lines += [
-            "## cold vs warm",
-            "",
-            "*warm*: one drafter per method across the prompt set (the tables above); *cold*: a fresh "
-            "process and drafter per prompt, its speedup over `ar` run the same way; *+knowledge*: "
-            "cold, loading what earlier cold processes saved (`speclive knowledge`); *cold/warm*: "
-            "ratio of the speedups; *gain kept*: (cold − 1) / (warm − 1). Decode speedups where "
-            "measured, end-to-end ones for peers.",
-            "",
-            md_table(
-                [
-                    ("set", "set", 0),
-                    ("method", "method", 0),
-                    ("knowledge", "saved knowledge", 0),
-                    ("measure", "measure", 0),
-                    ("warm", "warm", 2),
-                    ("cold", "cold", 2),
-                    ("cold_of_warm", "cold/warm", 2),
-                    ("cold_gain_of_warm_gain", "gain kept", 2),
-                ],
-                [{**r, "knowledge": "yes" if r["knowledge"] else "no"} for r in cvw],
-            ),
-            "",
-        ]
-    bugs = result.get("bugs", [])
-    if bugs:
-        lines += ["## BUGS: divergences from AR at a clear logit gap", ""]
-        for b in bugs:
-            lines.append(
-                f"- {b['set']}/{b['prompt_id']} {b['method']}[{b['backend']}]: first divergence at token "
-                f"{b['position']}, reference gap {b['gap_top2']:.3f} (ar token {b['ref_token']}, "
-                f"method token {b['method_token']})"
-            )
-        lines.append("")
-    curves = result.get("cost_curves", {})
-    for backend, curve in curves.items():
-        rows = curve.get("rows", [])
-        if rows:
-            lines += [
-                f"## cost curve: {curve.get('model')} on {backend} (prefix {curve.get('prefix')})",
-                "",
-                md_table(CURVE_COLUMNS, rows),
-                "",
-            ]
-    if result.get("notes"):
-        lines += ["## notes", ""] + [f"- {n}" for n in result["notes"]] + [""]
-    return "\n".join(lines)
-
-
-def costcurve_markdown(result: Mapping[str, Any]) -> str:
-    header = result["header"]
-    lines = [f"# verification cost curve: {result['model']} on {result['backend']}", ""]
-    lines += [f"- {h}" for h in header_lines(header)]
-    lines += [
-        "",
-        "Reproduce with:",
-        "",
-        "```",
-        header.get("command", ""),
-        "```",
-        "",
-        f"One `extend` of k new tokens (logits for all of them) after a fixed {result['prefix']}-token "
-        f"prefix, truncated back after each; median of {result['repeats']} repeats.",
-        "",
-        md_table(curve_columns(result["rows"]), result["rows"]),
-        "",
-    ]
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------------------------ plots
 def _pyplot() -> Any:
     import matplotlib
@@ -385,32 +201,6 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def plot_costcurve(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> Path:
-    plt = _pyplot()
-    ks = [r["k"] for r in rows]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    a1.plot(ks, [r["ms"] for r in rows], "o-")
-    a1.set_xlabel("k (tokens in one extend)")
-    a1.set_ylabel("t(k) [ms]")
-    a1.set_xscale("log", base=2)
-    a1.grid(True, alpha=0.3)
-    a2.plot(ks, [r["ratio"] for r in rows], "o-", label="measured t(k)/t(1)")
-    a2.plot(ks, ks, "--", color="grey", label="linear (k)")
-    a2.plot(ks, [1.0] * len(ks), ":", color="grey", label="flat (GPU ideal)")
-    a2.set_xlabel("k")
-    a2.set_ylabel("t(k)/t(1)")
-    a2.set_xscale("log", base=2)
-    a2.set_yscale("log", base=2)
-    a2.legend()
-    a2.grid(True, alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def plot_speedups(path: Path, summary: Sequence[Mapping[str, Any]], title: str) -> Path:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from speclive.bench import report
+from speclive.bench.datasets import mtbench_questions
 
 #: words of a voice-chat question (shorter ones are over before speculation can help)
 Q_MIN_WORDS, Q_MAX_WORDS = 8, 22
@@ -64,7 +65,6 @@ class ScaleBenchOptions:
 
 
 def _sentences(n_min: int, n_max: int) -> list[str]:
-    from speclive.bench.datasets import mtbench_questions
     from speclive.sessions.simulate import split_sentences
 
     pool: list[str] = []

@@ -40,7 +40,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from speclive.bench import report
+from speclive.bench import datasets, report
+from speclive.bench.live import chat_questions, speak
 from speclive.server.inproc import free_port
 
 SERVERS = ("speclive", "llama_cpp.server")
@@ -320,7 +321,6 @@ def _sessions_at_once(
 def _voice_phase(url: str, opts: ServeBenchOptions, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Spoken MT-Bench questions (Piper) through the WebSocket, PredGen and the cascade
     alternating, at each concurrency (that many sessions at once, different questions)."""
-    from speclive.bench.live import chat_questions, speak
     from speclive.tts.piper import PiperTTS
 
     tts = PiperTTS()
@@ -664,7 +664,6 @@ def add_serve_bench_parser(sub) -> None:
 
 
 def _prompt_sets(names: list[str], limit: int) -> dict[str, list[str]]:
-    from speclive.bench import datasets
     from speclive.errors import ConfigError
 
     out: dict[str, list[str]] = {}

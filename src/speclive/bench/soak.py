@@ -30,6 +30,8 @@ import httpx
 import numpy as np
 
 from speclive.bench import report
+from speclive.bench.fuzz_realtime import scrape
+from speclive.bench.serve import start_server, stop_server
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -222,8 +224,6 @@ class _Chat(threading.Thread):
 
 
 def run_soak(args: argparse.Namespace, command: str) -> dict[str, Any]:
-    from speclive.bench.fuzz_realtime import scrape
-    from speclive.bench.serve import start_server, stop_server
     from speclive.server.inproc import free_port
 
     key = "soak-key"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from speclive.bench import report
+from speclive.bench.datasets import mtbench_questions
 
 #: sentences with fewer words re-translate in one or two updates: nothing to speculate on
 MIN_WORDS, MAX_WORDS = 8, 40
@@ -49,7 +50,6 @@ class RetranslateBenchOptions:
 
 def bench_sentences(limit: int) -> list[str]:
     """English source sentences: MT-Bench first-turn questions split into sentences."""
-    from speclive.bench.datasets import mtbench_questions
     from speclive.sessions.simulate import split_sentences
 
     pool: list[str] = []

@@ -1,7 +1,7 @@
 """``speclive bench talon``: Talon's Table 1 on this machine (speedup and τ per set and method).
 
-Runs the decode benchmark of ``speclive.bench.suites`` (every method side by side, interleaved
-per prompt, exactness against AR with the near-tie rule) on three sets:
+Runs the decode benchmark of ``speclive.bench.decode`` (every method side by side, interleaved
+per prompt, exactness against AR with the near-tie rule) on three sets (``speclive.bench.prompts``):
 
 - ``mtbench`` — MT-Bench turn-1 questions;
 - ``humaneval`` — HumanEval completions;
@@ -23,15 +23,20 @@ spread timing noise and diverging learned state alone produce.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from speclive.bench import report
+import numpy as np
 
-TALON_SETS: tuple[str, ...] = ("mtbench", "humaneval", "chat-heldout")
+from speclive.bench import report
+from speclive.bench.decode import SUMMARY_COLUMNS, run_decode_bench
+from speclive.bench.methods import method_base
+from speclive.bench.prompts import CHAT_JOIN, load_prompts, question_key
+
 TALON_DEFAULT_METHODS: tuple[str, ...] = (
     "ar",
     "model",
@@ -44,84 +49,6 @@ TALON_DEFAULT_METHODS: tuple[str, ...] = (
     "vllm-draft",
 )
 HF_PEER_METHODS: tuple[str, ...] = ("ar", "hf-generate", "hf-assisted")
-#: joins an MT-Bench question and its follow-up into one chat-slice prompt
-CHAT_JOIN = "\n\nThen: "
-
-
-def _spread(n: int, limit: int | None) -> list[int]:
-    if limit is None or limit >= n:
-        return list(range(n))
-    return [i * n // limit for i in range(max(0, limit))]
-
-
-def _chat_indices(n: int, limit: int | None) -> list[int]:
-    return sorted({(i + 1) % n for i in _spread(n, limit)})
-
-
-def chat_heldout_prompts(limit: int | None = None) -> list[dict[str, str]]:
-    """The held-out chat slice (module docstring) as ``{"id", "text"}``."""
-    from speclive.bench.datasets import mtbench_questions
-
-    t1 = mtbench_questions(1)
-    t2 = mtbench_questions(2)
-    rows = []
-    for i in _chat_indices(len(t1), limit):
-        q, f = t1[i], t2[i]
-        rows.append(
-            {"id": f"chat-{q['id']}-{q['category']}", "text": f"{q['prompt']}{CHAT_JOIN}{f['prompt']}"}
-        )
-    return rows
-
-
-def bench_prompt_texts(limit: int | None) -> list[str]:
-    """User texts of every prompt a ``bench talon --limit LIMIT`` run evaluates; a chat-slice
-    prompt gives its two MT-Bench turns separately (a corpus answer to the first turn alone
-    leaks just as much)."""
-    from speclive.bench.suites import load_prompts
-
-    out: list[str] = []
-    for s in TALON_SETS:
-        for r in load_prompts(s, limit):
-            out += r["text"].split(CHAT_JOIN) if s == "chat-heldout" else [r["text"]]
-    return out
-
-
-def _question_key(prompt_id: str) -> str:
-    """``mtbench-97-roleplay`` and ``chat-97-roleplay`` ask the same MT-Bench question."""
-    for prefix in ("mtbench-", "chat-"):
-        if prompt_id.startswith(prefix):
-            return "mt-" + prompt_id[len(prefix) :]
-    return prompt_id
-
-
-def held_out_prompts(sets: Sequence[str], per_set: int, bench_limit: int | None) -> list[dict[str, str]]:
-    """Prompts of ``sets`` that a ``bench talon --limit bench_limit`` run does not use (nor their
-    MT-Bench questions in the chat slice), ``per_set`` of each, spread over what is left."""
-    from speclive.bench.datasets import humaneval_problems, mtbench_questions
-    from speclive.bench.suites import HUMANEVAL_TEMPLATE
-
-    out: list[dict[str, str]] = []
-    for s in sets:
-        if s == "mtbench":
-            qs = mtbench_questions(1)
-            used = set(_spread(len(qs), bench_limit)) | set(_chat_indices(len(qs), bench_limit))
-            free = [i for i in range(len(qs)) if i not in used]
-            rows = [
-                {"id": f"mtbench-{qs[i]['id']}-{qs[i]['category']}", "text": qs[i]["prompt"]} for i in free
-            ]
-        elif s == "humaneval":
-            ps = humaneval_problems()
-            used = set(_spread(len(ps), bench_limit))
-            rows = [
-                {"id": ps[i]["task_id"], "text": HUMANEVAL_TEMPLATE.format(prompt=ps[i]["prompt"])}
-                for i in range(len(ps))
-                if i not in used
-            ]
-        else:
-            raise ValueError(f"held-out prompts exist for mtbench and humaneval, not {s!r}")
-        for j in _spread(len(rows), per_set):
-            out.append({"set": s, **rows[j]})
-    return out
 
 
 # ------------------------------------------------------------------------------------ extras
@@ -189,8 +116,6 @@ def _ratio_ci(
 ) -> dict[str, Any] | None:
     """Throughput of ``a`` over ``b`` (Σtokens/Σwall each) on their common prompts, with a 95 %
     percentile bootstrap interval over prompts (pairs resampled together)."""
-    import numpy as np
-
     ra = {r["prompt_id"]: r for r in recs.get(a, ()) if r.get("wall_s")}
     rb = {r["prompt_id"]: r for r in recs.get(b, ()) if r.get("wall_s")}
     ids = sorted(set(ra) & set(rb))
@@ -216,8 +141,6 @@ def hybrid_vs_best(records: Sequence[Mapping[str, Any]], n_boot: int = 4000, see
     Verdict per set: ``faster`` (ratio >= 1), ``within noise`` (below 1 but its interval
     reaches 1) or ``slower``.
     """
-    from speclive.bench.suites import method_base
-
     out: dict[str, Any] = {}
     sets = list(dict.fromkeys(r["set"] for r in records))
     for s in sets:
@@ -280,14 +203,10 @@ def prompts_in_datastore(
 def datastore_facts(path: str | None, prompts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if not path:
         return {"path": None}
-    import json
-
-    import numpy as np
-
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(bytes(z["meta"]).decode())
-    ids = {_question_key(str(i)) for i in meta.get("corpus_prompt_ids", [])}
-    overlap = sorted(str(p["id"]) for p in prompts if _question_key(str(p["id"])) in ids)
+    ids = {question_key(str(i)) for i in meta.get("corpus_prompt_ids", [])}
+    overlap = sorted(str(p["id"]) for p in prompts if question_key(str(p["id"])) in ids)
     return {
         "path": str(path),
         "model": meta.get("model"),
@@ -328,7 +247,7 @@ def talon_markdown(result: Mapping[str, Any]) -> str:
     lines.append("")
     for s in sets:
         lines += ["", f"## {s}: acceptance, tokens/s, bounds", ""]
-        lines.append(report.md_table(report.SUMMARY_COLUMNS, [r for r in result["summary"] if r["set"] == s]))
+        lines.append(report.md_table(SUMMARY_COLUMNS, [r for r in result["summary"] if r["set"] == s]))
     lk = result.get("lookup", {})
     if lk.get("lookups"):
         frac = lk.get("mean_fraction_of_step")
@@ -419,7 +338,6 @@ def plot_talon(path: Path, result: Mapping[str, Any]) -> Path:
 
 def run_talon(opts: Any, hf_peers: bool = False) -> dict[str, Any]:
     """Run the decode benchmark with the Talon sets/methods and add the Talon extras."""
-    from speclive.bench.suites import load_prompts, run_decode_bench
     from speclive.loader import load_backend
 
     if hf_peers and "hf" not in opts.backends:

@@ -38,7 +38,9 @@ def _ints(text: str) -> list[int]:
 
 def add_bench_parser(subparsers: Any) -> None:
     """Register ``speclive bench`` and its sub-commands on the top-level sub-parsers."""
-    from speclive.bench.suites import ALL_METHODS, DEFAULT_CURVE_KS, SETS
+    from speclive.bench.costcurve import DEFAULT_CURVE_KS
+    from speclive.bench.methods import ALL_METHODS
+    from speclive.bench.prompts import SETS
     from speclive.loader import BACKENDS, DEFAULT_MODEL
 
     p = subparsers.add_parser("bench", help="benchmarks: cost curves, decode speed vs peers")
@@ -240,7 +242,7 @@ def _device_args(device: str) -> list[str]:
 
 def cmd_costcurve(args: argparse.Namespace) -> int:
     from speclive.bench import report
-    from speclive.bench.suites import measure_cost_curve, write_costcurve_outputs
+    from speclive.bench.costcurve import curve_columns, measure_cost_curve, write_costcurve_outputs
     from speclive.loader import load_backend
 
     backend = load_backend(args.model, args.backend, device=args.device)
@@ -295,7 +297,7 @@ def cmd_costcurve(args: argparse.Namespace) -> int:
             row["linear_speedup"] = srow["ms"] / row["ms"]
     res["header"] = header
     paths = write_costcurve_outputs(res, args.out, plot=not args.no_plot)
-    print(report.md_table(report.curve_columns(res["rows"]), res["rows"]))
+    print(report.md_table(curve_columns(res["rows"]), res["rows"]))
     for p in paths.values():
         print(f"wrote {p}", file=sys.stderr)
     return 0
@@ -341,8 +343,8 @@ def decode_command(args: argparse.Namespace) -> str:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from speclive.bench import report
-    from speclive.bench.suites import SETS, DecodeOptions, run_decode_bench, write_decode_outputs
+    from speclive.bench.decode import DecodeOptions, decode_markdown, run_decode_bench, write_decode_outputs
+    from speclive.bench.prompts import SETS
     from speclive.errors import ConfigError
 
     bad = [s for s in args.sets if s not in SETS]
@@ -378,14 +380,16 @@ def cmd_decode(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ConfigError(str(e)) from e
     paths = write_decode_outputs(result, args.out, tag, plot=not args.no_plot)
-    print(report.decode_markdown(result))
+    print(decode_markdown(result))
     for p in paths.values():
         print(f"wrote {p}", file=sys.stderr)
     return 1 if result["bugs"] else 0
 
 
 def cmd_all_small(args: argparse.Namespace) -> int:
-    from speclive.bench.suites import DEFAULT_CURVE_KS, LLAMACPP_PEERS, OUR_METHODS, SETS
+    from speclive.bench.costcurve import DEFAULT_CURVE_KS
+    from speclive.bench.methods import LLAMACPP_PEERS, OUR_METHODS
+    from speclive.bench.prompts import SETS
 
     ns = argparse.Namespace(
         target="smollm2-135m-instruct",
@@ -595,8 +599,9 @@ def cmd_live(args: argparse.Namespace) -> int:
 
 def cmd_talon(args: argparse.Namespace) -> int:
     from speclive.bench import report
-    from speclive.bench.suites import SETS, DecodeOptions
-    from speclive.bench.talon import TALON_DEFAULT_METHODS, TALON_SETS, plot_talon, run_talon, talon_markdown
+    from speclive.bench.decode import DecodeOptions
+    from speclive.bench.prompts import SETS, TALON_SETS
+    from speclive.bench.talon import TALON_DEFAULT_METHODS, plot_talon, run_talon, talon_markdown
     from speclive.errors import ConfigError
 
     bad = [s for s in args.sets if s not in (*SETS, *TALON_SETS)]

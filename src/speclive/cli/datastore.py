@@ -65,7 +65,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     tok = tokenizer_for(ref)
     exclude: list[str] = []
     if args.exclude_bench is not None:
-        from speclive.bench.talon import bench_prompt_texts
+        from speclive.bench.prompts import bench_prompt_texts
 
         exclude = bench_prompt_texts(args.exclude_bench or None)
     rep = CorpusReport()
@@ -136,7 +136,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_outputs(args: argparse.Namespace) -> int:
-    from speclive.bench.talon import held_out_prompts
+    from speclive.bench.prompts import held_out_prompts
     from speclive.decoder import GenerationConfig, SpeculativeDecoder
     from speclive.loader import load_backend, make_drafter
 

@@ -1,24 +1,17 @@
-"""The measurements behind ``speclive bench``: verification cost curves and decode comparisons.
-
-``measure_cost_curve`` times one ``extend`` of k new tokens after a fixed prefix (the shape of a
-verification pass), truncating back after each, and reports the median t(k) and t(k)/t(1).
+"""``speclive bench decode``: every method side by side on the same prompts, in one process.
 
 ``run_decode_bench`` runs every method side by side in one process: for each prompt set and
-prompt, every method (our loop with each drafter, and the peers of ``speclive.bench.peers``)
-generates greedily from the same prompt ids, in an order rotated per prompt so that drift of
-the machine affects all methods alike. Per (set, method) it reports end-to-end throughput,
-speedup over ``ar`` (our loop without a drafter) on the same backend, τ, acceptance, exactness
-against ``ar`` (with the reference top-2 logit gap at the first divergent token: a small gap is
-a near-tie flip of the quantized kernels, a large one is a bug), and how close each drafter
-gets to what a *free* drafter could achieve under the measured cost curve.
+prompt, every method (our loop with each drafter, and the peers of ``speclive.bench.peers``,
+see ``speclive.bench.methods``) generates greedily from the same prompt ids, in an order rotated
+per prompt so that drift of the machine affects all methods alike. Per (set, method) it reports
+end-to-end throughput, speedup over ``ar`` (our loop without a drafter) on the same backend, τ,
+acceptance, exactness against ``ar`` (with the reference top-2 logit gap at the first divergent
+token: a small gap is a near-tie flip of the quantized kernels, a large one is a bug; see
+``speclive.bench.exactness``), and how close each drafter gets to what a *free* drafter could
+achieve under the measured cost curve (the bounds of ``speclive.bench.costcurve``).
 
-Bounds (decode only, prefill excluded), with r(k) = t(k)/t(1) the measured cost curve:
-
-- *free-draft bound* of a run: the same draft/accept trace with drafting free,
-  ``Σ(accepted_i + 1) / Σ r(drafted_i + 1)`` over its verification steps;
-- *α-bound*: the best speedup of a free chain drafter whose tokens are accepted independently
-  with probability α̂ (estimated from the trace), ``max_k (1 - α^(k+1)) / (1 - α) / r(k + 1)``;
-- *ceiling*: the α-bound at α = 1 (every draft accepted).
+With ``cold`` every local method also runs cold: a fresh process and drafter per prompt
+(``speclive.bench.coldrun``), without and (our drafters) with saved knowledge.
 """
 
 from __future__ import annotations
@@ -28,374 +21,43 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from speclive.backends.base import Backend, common_prefix_len
+from speclive.backends.base import Backend
 from speclive.bench import report
-from speclive.bench.peers import (
-    LLAMACPP_PLD,
-    VLLM_METHODS,
-    HFGeneratePeer,
-    LlamaCppPythonPeer,
-    LlamaPromptLookupPeer,
-    Peer,
-    PeerOutput,
-    VllmPeer,
-    vllm_python,
+from speclive.bench.coldrun import run_cold
+from speclive.bench.costcurve import (
+    CURVE_COLUMNS,
+    DEFAULT_CURVE_KS,
+    CostCurve,
+    alpha_bound,
+    alpha_hat,
+    measure_cost_curve,
+    trace_bound,
 )
-
-SETS: tuple[str, ...] = ("code-edit", "humaneval", "mtbench")
-OUR_METHODS: tuple[str, ...] = ("ar", "ngram", "model", "crossvocab")
-LLAMACPP_PEERS: tuple[str, ...] = ("llama-cpp-python", *LLAMACPP_PLD)
-HF_PEERS: tuple[str, ...] = ("hf-generate", "hf-assisted", "hf-assisted-crossvocab", "hf-prompt-lookup")
-VLLM_PEERS: tuple[str, ...] = tuple(VLLM_METHODS)
-ALL_METHODS: tuple[str, ...] = OUR_METHODS + LLAMACPP_PEERS + HF_PEERS + VLLM_PEERS
-#: Talon drafters (``bench talon``; also accepted by ``bench decode --methods``)
-TALON_METHODS: tuple[str, ...] = ("suffix", "hybrid", "hybrid-async")
-#: the AR reference of each backend kind
-BASELINE = {"llamacpp": "ar", "hf": "ar", "vllm": "vllm-ar"}
-
-DEFAULT_CURVE_KS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
-WARMUP_PROMPT = "Write a Python function that returns the sum of two numbers."
-
-HUMANEVAL_TEMPLATE = (
-    "Complete the following Python function. Reply with the complete function in a single "
-    "```python code block.\n\n```python\n{prompt}```"
+from speclive.bench.exactness import ar_logit_gap, first_divergence
+from speclive.bench.methods import (
+    ALL_METHODS,
+    BASELINE,
+    OUR_METHODS,
+    TALON_METHODS,
+    VLLM_PEERS,
+    Method,
+    local_runner,
+    method_base,
+    peer_record,
 )
+from speclive.bench.peers import VllmPeer, vllm_python
+from speclive.bench.prompts import SETS, WARMUP_PROMPT, load_prompts
 
 Log = Callable[[str], None]
 
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-# ------------------------------------------------------------------------------------ prompts
-def _spread(n: int, limit: int | None) -> list[int]:
-    """``limit`` indices spread evenly over ``range(n)`` (all of them without a limit)."""
-    if limit is None or limit >= n:
-        return list(range(n))
-    return [i * n // limit for i in range(max(0, limit))]
-
-
-def load_prompts(name: str, limit: int | None = None) -> list[dict[str, str]]:
-    """Prompts of one set as ``{"id", "text"}`` (user message text), spread over the set."""
-    from speclive.bench import datasets
-
-    if name == "code-edit":
-        rows = [{"id": r["id"], "text": r["prompt"]} for r in datasets.code_edit_prompts(30)]
-    elif name == "humaneval":
-        rows = [
-            {"id": r["task_id"], "text": HUMANEVAL_TEMPLATE.format(prompt=r["prompt"])}
-            for r in datasets.humaneval_problems()
-        ]
-    elif name == "mtbench":
-        rows = [
-            {"id": f"mtbench-{r['id']}-{r['category']}", "text": r["prompt"]}
-            for r in datasets.mtbench_questions()
-        ]
-    elif name == "chat-heldout":
-        from speclive.bench.talon import chat_heldout_prompts
-
-        return chat_heldout_prompts(limit)
-    else:
-        raise ValueError(f"unknown prompt set {name!r}; known: {', '.join(SETS)}")
-    return [rows[i] for i in _spread(len(rows), limit)]
-
-
-# ------------------------------------------------------------------------------------ cost curve
-def curve_tokens(backend: Backend, n: int) -> list[int]:
-    """``n`` deterministic token ids of ordinary code text for timing (content barely matters)."""
-    lines = [f"def f{i}(x, y):\n    return x * {i} + y - {i * i}  # step {i}\n" for i in range(4 * n)]
-    ids = backend.tokenizer.encode("".join(lines))
-    if len(ids) < n:
-        raise ValueError(f"could not build {n} timing tokens")
-    return ids[:n]
-
-
-def measure_cost_curve(
-    backend: Backend,
-    ks: Sequence[int] = DEFAULT_CURVE_KS,
-    repeats: int = 5,
-    prefix: int = 256,
-    warmup: int = 1,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Median time of one ``extend`` of k tokens after ``prefix`` tokens, for every k in ``ks``.
-
-    Repeats are interleaved over k (k loop inside the repeat loop) so slow drift of the machine
-    spreads over all k. Returns ``{"rows": [{"k", "ms", "ratio", "per_token_ms", "samples_ms"}],
-    "ratios": {k: t(k)/t(1)}, ...}``.
-    """
-    ks = sorted({int(k) for k in ks} | {1})
-    if ks[0] < 1:
-        raise ValueError("k must be >= 1")
-    if prefix + ks[-1] > backend.n_ctx:
-        raise ValueError(f"prefix {prefix} + k {ks[-1]} exceeds the context of {backend.n_ctx} tokens")
-    tokens = curve_tokens(backend, prefix + ks[-1])
-    state = backend.new_state()
-    samples: dict[int, list[float]] = {k: [] for k in ks}
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=(warmup + repeats) * len(ks), desc=f"cost curve {backend.name}", file=sys.stderr)
-    try:
-        if prefix:
-            backend.extend(state, tokens[:prefix], last_only=True)
-        for r in range(warmup + repeats):
-            for k in ks:
-                t0 = time.perf_counter()
-                backend.extend(state, tokens[prefix : prefix + k])
-                dt = time.perf_counter() - t0
-                backend.truncate(state, prefix)
-                if r >= warmup:
-                    samples[k].append(dt)
-                if bar is not None:
-                    bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-        backend.release(state)
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    rows = [
-        {
-            "k": k,
-            "ms": 1000 * med[k],
-            "ratio": med[k] / med[1],
-            "per_token_ms": 1000 * med[k] / k,
-            "samples_ms": [1000 * s for s in samples[k]],
-        }
-        for k in ks
-    ]
-    return {
-        "model": backend.name,
-        "backend": backend.kind,
-        "prefix": prefix,
-        "repeats": repeats,
-        "rows": rows,
-        "ratios": {k: med[k] / med[1] for k in ks},
-        "t1_ms": 1000 * med[1],
-    }
-
-
-class CostCurve:
-    """r(k) = t(k)/t(1) from measured points: linear interpolation, linear extrapolation beyond."""
-
-    def __init__(self, ratios: Mapping[int, float]):
-        pts = sorted((int(k), float(v)) for k, v in ratios.items())
-        if not pts:
-            raise ValueError("an empty cost curve")
-        self.ks = [k for k, _ in pts]
-        self.rs = [v for _, v in pts]
-
-    def __call__(self, k: float) -> float:
-        ks, rs = self.ks, self.rs
-        if k <= ks[0]:
-            return rs[0]
-        if k >= ks[-1]:
-            if len(ks) == 1:
-                return rs[0] * k / ks[0]
-            slope = (rs[-1] - rs[-2]) / (ks[-1] - ks[-2])
-            return rs[-1] + max(slope, 0.0) * (k - ks[-1])
-        return float(np.interp(k, ks, rs))
-
-
-def alpha_bound(alpha: float, r: Callable[[float], float], max_k: int) -> tuple[float, int]:
-    """Best (speedup, k) of a free chain drafter with i.i.d. per-token acceptance ``alpha``."""
-    best, best_k = 1.0 / r(1), 0
-    a = min(max(alpha, 0.0), 1.0)
-    for k in range(1, max_k + 1):
-        tokens = (k + 1) if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
-        s = tokens / r(k + 1)
-        if s > best:
-            best, best_k = s, k
-    return best, best_k
-
-
-def trace_bound(steps: Sequence[Sequence[int]], r: Callable[[float], float]) -> float | None:
-    """Speedup of a draft/accept trace ``[(drafted, accepted), ...]`` if drafting were free."""
-    if not steps:
-        return None
-    cost = sum(r(d + 1) for d, _ in steps)
-    return sum(a + 1 for _, a in steps) / cost if cost > 0 else None
-
-
-def alpha_hat(steps: Sequence[Sequence[int]]) -> float | None:
-    """Per-token acceptance estimate: accepted / (accepted + steps that rejected a draft)."""
-    hits = sum(a for d, a in steps if d > 0)
-    misses = sum(1 for d, a in steps if d > 0 and a < d)
-    return hits / (hits + misses) if hits + misses else None
-
-
-# ------------------------------------------------------------------------------------ methods
-@dataclass
-class Method:
-    """One method in a decode benchmark: our loop with a drafter, or a peer."""
-
-    name: str
-    backend: str
-    kind: str  # "ours" | "peer" | "vllm"
-    runner: Any = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}@{self.backend}"
-
-
-class OurRunner:
-    """speclive's ``SpeculativeDecoder`` with one drafter (kept across prompts, like a server)."""
-
-    def __init__(
-        self,
-        target: Backend,
-        drafter_name: str,
-        max_draft: int | None = None,
-        datastore: str | None = None,
-        knowledge_dir: Path | None = None,
-    ):
-        from speclive.loader import make_drafter
-
-        self.target = target
-        self.drafter_name = drafter_name
-        self.drafter = (
-            None
-            if drafter_name == "ar"
-            else make_drafter(drafter_name, target, max_len=max_draft, datastore=datastore)
-        )
-        #: saved knowledge (``speclive.knowledge``) in this directory: loaded once, saved per run
-        self.knowledge = None
-        if knowledge_dir is not None and self.drafter is not None:
-            from speclive.knowledge import KnowledgeStore
-
-            self.knowledge = KnowledgeStore(target, self.drafter, drafter_name, directory=knowledge_dir)
-            self.knowledge.load()
-
-    def run(self, prompt_ids: Sequence[int], max_tokens: int) -> dict[str, Any]:
-        from speclive.decoder import GenerationConfig, SpeculativeDecoder
-
-        dec = SpeculativeDecoder(self.target, self.drafter)
-        if self.knowledge is not None:
-            dec.knowledge = self.knowledge  # loaded in __init__; saved after the generation
-            dec._knowledge_loaded = True
-        out: list[int] = []
-        steps: list[list[int]] = []
-        try:
-            t0 = time.perf_counter()
-            for ev in dec.generate(prompt_ids, GenerationConfig(max_tokens=max_tokens)):
-                out.extend(ev.tokens)
-                steps.append([ev.drafted, ev.accepted])
-            wall = time.perf_counter() - t0
-        finally:
-            self.target.release(dec.state)
-        s = dec.last_stats
-        rec: dict[str, Any] = {
-            "token_ids": out,
-            "wall_s": wall,
-            "prefill_s": s.prefill_s,
-            "decode_s": max(wall - s.prefill_s, 1e-9),
-            "target_forwards": s.target_forwards,
-            "tau": s.mean_accepted,
-            "drafted": s.drafted,
-            "accepted": s.accepted,
-            "acceptance_rate": s.acceptance_rate if s.drafted else None,
-            "draft_s": s.draft_s,
-            "verify_s": s.verify_s,
-            "finish_reason": s.finish_reason,
-        }
-        if self.drafter is not None:
-            rec["steps"] = steps
-            rec["accepted_by_source"] = dict(s.accepted_by_source)
-            rec["drafted_by_source"] = dict(s.drafted_by_source)
-            if hasattr(self.drafter, "async_stats"):
-                rec["async"] = self.drafter.async_stats.to_dict()
-        return rec
-
-    def close(self) -> None:
-        if self.drafter is not None:
-            self.drafter.close()
-
-
-class PeerRunner:
-    """Adapts a ``Peer`` to the record format of ``OurRunner``."""
-
-    def __init__(self, peer: Peer):
-        self.peer = peer
-
-    def run(self, prompt_ids: Sequence[int], max_tokens: int) -> dict[str, Any]:
-        return peer_record(self.peer.generate(prompt_ids, max_tokens))
-
-    def close(self) -> None:
-        self.peer.close()
-
-
-def peer_record(o: PeerOutput) -> dict[str, Any]:
-    n = len(o.token_ids)
-    fw = o.target_forwards
-    rec: dict[str, Any] = {
-        "token_ids": list(o.token_ids),
-        "wall_s": o.wall_s,
-        "target_forwards": fw,
-        "tau": (n / fw) if fw else None,
-        "finish_reason": o.finish_reason,
-    }
-    if o.extra:
-        rec.update(o.extra)
-        nd, na = o.extra.get("num_draft_tokens"), o.extra.get("num_accepted_tokens")
-        if nd:
-            rec["acceptance_rate"] = na / nd if na is not None else None
-    return rec
-
-
-# ------------------------------------------------------------------------------------ exactness
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first differing token (a length difference counts), None if identical."""
-    n = common_prefix_len(a, b)
-    return None if n == len(a) == len(b) else n
-
-
-def ar_logit_gap(
-    backend: Backend, prompt: Sequence[int], ref: Sequence[int], position: int, other: int | None
-) -> dict[str, Any]:
-    """Re-run AR exactly as our loop does and read the logits that chose ``ref[position]``.
-
-    Returns the top-2 gap there, the gap between the reference token (or the argmax when the
-    reference ended) and ``other`` (the divergent token, if any), and whether the re-run still
-    picks the reference token (AR reproducibility).
-    """
-    prompt = [int(t) for t in prompt]
-    state = backend.new_state()
-    try:
-        if len(prompt) > 1:
-            backend.extend(state, prompt[:-1], last_only=True)
-        row = None
-        for t in [prompt[-1], *ref[:position]]:
-            row = backend.extend(state, [int(t)])[-1]
-    finally:
-        backend.release(state)
-    assert row is not None
-    order = np.argsort(row)[::-1]
-    top1, top2 = int(order[0]), int(order[1])
-    ref_tok = int(ref[position]) if position < len(ref) else None
-    chosen = ref_tok if ref_tok is not None else top1
-    out: dict[str, Any] = {
-        "gap_top2": float(row[top1] - row[top2]),
-        "argmax": top1,
-        "second": top2,
-        "ref_token": ref_tok,
-        "method_token": other,
-        "rerun_matches_ref": ref_tok is None or ref_tok == top1,
-    }
-    if other is not None and 0 <= other < len(row):
-        out["gap_pair"] = float(row[chosen] - row[other])
-    return out
 
 
 # ------------------------------------------------------------------------------------ decode bench
@@ -432,50 +94,6 @@ class DecodeOptions:
     #: (our drafters) with saved knowledge (``speclive.bench.coldrun``)
     cold: bool = False
     cold_timeout_s: float = 900.0
-
-
-def _local_runner(
-    name: str, backend: str, target: Backend, ref: Any, opts: DecodeOptions, knowledge_dir: Path | None = None
-) -> Any:
-    """The runner of one non-vLLM method on ``backend``; a str says why it does not apply.
-    ``knowledge_dir``: our drafters load and save their knowledge there (``--cold``)."""
-    from speclive.loader import DEFAULT_CROSS_DRAFT, DEFAULT_DRAFT, load_backend
-
-    if (name in LLAMACPP_PEERS and backend != "llamacpp") or (name in HF_PEERS and backend != "hf"):
-        return None
-    same_draft = DEFAULT_DRAFT.get(ref.name)
-    cross_ok = DEFAULT_CROSS_DRAFT != ref.name
-    if name in ("model", "hf-assisted", "hybrid", "hybrid-async") and same_draft is None:
-        return f"no same-vocabulary default draft for {ref.name}"
-    if name in ("crossvocab", "hf-assisted-crossvocab") and not cross_ok:
-        return "the cross-vocabulary draft would be the target itself"
-    if name in OUR_METHODS or name in TALON_METHODS:
-        return OurRunner(target, name, opts.max_draft, opts.datastore, knowledge_dir)
-    if name in LLAMACPP_PEERS:
-        if ref.gguf is None:
-            return "the target has no GGUF file"
-        eos = target.tokenizer.eos_ids
-        if name in LLAMACPP_PLD:
-            return PeerRunner(
-                LlamaPromptLookupPeer(
-                    ref.gguf, eos, n_ctx=target.n_ctx, num_pred_tokens=LLAMACPP_PLD[name], name=name
-                )
-            )
-        return PeerRunner(LlamaCppPythonPeer(ref.gguf, eos, n_ctx=target.n_ctx))
-    if name in HF_PEERS:
-        tok = target.tokenizer
-        model = target.model  # type: ignore[attr-defined]
-        kw: dict[str, Any] = {}
-        if name == "hf-prompt-lookup":
-            kw["prompt_lookup_num_tokens"] = 10
-        elif name == "hf-assisted":
-            # the same cached backend our ``model`` drafter loads (same load_backend arguments)
-            kw["assistant_model"] = load_backend(same_draft, "hf", n_ctx=target.n_ctx).model
-        elif name == "hf-assisted-crossvocab":
-            draft = load_backend(DEFAULT_CROSS_DRAFT, "hf", n_ctx=max(target.n_ctx, 2048))
-            kw.update(assistant_model=draft.model, tokenizer=tok.hf, assistant_tokenizer=draft.tokenizer.hf)
-        return PeerRunner(HFGeneratePeer(name, model, tok.eos_ids, tok.hf.pad_token_id, **kw))
-    return None
 
 
 def _build_methods(
@@ -527,7 +145,7 @@ def _build_methods(
                 continue
             kind = "ours" if base in OUR_METHODS + TALON_METHODS else "peer"
             try:
-                runner = _local_runner(base, backend, target, ref, opts)
+                runner = local_runner(base, backend, target, ref, opts.max_draft, opts.datastore)
             except Exception as e:  # noqa: BLE001 - one broken method must not stop the benchmark
                 runner = f"failed to set up: {type(e).__name__}: {e}"
             if isinstance(runner, str):
@@ -577,12 +195,6 @@ def _build_methods(
                 methods.append(Method(m, "vllm", "vllm", peer, {"draft": drafts.get(m)}))
     models["drafts"] = {m.key: m.info["draft"] for m in methods if m.info.get("draft")}
     return methods, skipped, models
-
-
-def method_base(name: str) -> str:
-    """The method a benchmark entry runs: ``suffix#2`` is a second, independent ``suffix``
-    (its own drafter and learned state), run side by side as an A/A control of timing noise."""
-    return name.split("#", 1)[0]
 
 
 def _rotate(items: Sequence[Method], i: int) -> list[Method]:
@@ -943,8 +555,6 @@ def _cold_methods(local: Sequence[Method]) -> list[Method]:
 def _cold_record(
     m: Method, ids: Sequence[int], max_tokens: int, opts: DecodeOptions, knowledge_root: Path | None
 ) -> dict[str, Any]:
-    from speclive.bench.coldrun import run_cold
-
     job: dict[str, Any] = {
         "target": opts.target,
         "backend": m.info["backend"],
@@ -1104,7 +714,7 @@ def write_decode_outputs(
         "json": report.write_json(out / f"decode-{tag}.json", result),
     }
     md = out / f"decode-{tag}.md"
-    md.write_text(report.decode_markdown(result))
+    md.write_text(decode_markdown(result))
     paths["md"] = md
     if plot and result["summary"]:
         paths["png"] = report.plot_speedups(
@@ -1115,18 +725,143 @@ def write_decode_outputs(
     return paths
 
 
-def write_costcurve_outputs(result: Mapping[str, Any], out: Path, plot: bool = True) -> dict[str, Path]:
-    """Write ``costcurve-<model>-<backend>[-<device>].{json,md,png}`` into ``out`` (the device
-    is named when it is not the CPU)."""
-    out = Path(out)
-    device = result.get("header", {}).get("settings", {}).get("device", "cpu")
-    stem = f"costcurve-{result['model']}-{result['backend']}" + ("" if device == "cpu" else f"-{device}")
-    paths = {"json": report.write_json(out / f"{stem}.json", result)}
-    md = out / f"{stem}.md"
-    md.write_text(report.costcurve_markdown(result))
-    paths["md"] = md
-    if plot:
-        paths["png"] = report.plot_costcurve(
-            out / f"{stem}.png", result["rows"], f"verification cost: {result['model']} ({result['backend']})"
+# ------------------------------------------------------------------------------------ report
+SUMMARY_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("method", "method", 0),
+    ("backend", "backend", 0),
+    ("prompts", "prompts", 0),
+    ("new_tokens", "tokens", 0),
+    ("e2e_tps", "e2e tok/s", 1),
+    ("speedup", "speedup vs ar", 2),
+    ("decode_speedup", "decode speedup", 2),
+    ("tau", "τ", 2),
+    ("acceptance_rate", "accept", 2),
+    ("alpha", "α̂", 2),
+    ("bound_trace", "free-draft bound", 2),
+    ("efficiency", "of bound", 2),
+    ("bound_alpha", "α-bound", 2),
+    ("bound_alpha_k", "k*", 0),
+    ("identical", "identical", 0),
+    ("near_tie", "near-tie flips", 0),
+    ("bugs", "BUGS", 0),
+)
+
+
+def _identical_cell(row: Mapping[str, Any]) -> str:
+    if row.get("identical") is None:
+        return "–"
+    return f"{row['identical']}/{row['compared']}"
+
+
+def peer_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line: our fastest method's e2e tok/s over each peer's, within one set of one run.
+
+    Peers of every backend count (llama-cpp-python, transformers, vLLM): the rows of one run saw
+    the same prompts, so single-stream throughputs compare directly across engines.
+    """
+    ours_names = set(OUR_METHODS) | set(TALON_METHODS)
+    rows = [r for r in rows if "/cold" not in r["backend"]]  # cold runs have their own table
+    ours = [r for r in rows if r["method"] in ours_names and r.get("e2e_tps")]
+    peers = [r for r in rows if r["method"] not in ours_names and r.get("e2e_tps")]
+    if not ours or not peers:
+        return ""
+    best = max(ours, key=lambda r: r["e2e_tps"])
+
+    def name(r: Mapping[str, Any]) -> str:
+        return f"`{r['method']}` [{r['backend']}]"
+
+    parts = []
+    for r in sorted(peers, key=lambda r: -r["e2e_tps"]):
+        note = f", {r['prompts']} of {best['prompts']} prompts" if r["prompts"] != best["prompts"] else ""
+        parts.append(f"{name(r)} {r['e2e_tps']:.2f} ({best['e2e_tps'] / r['e2e_tps']:.2f}×{note})")
+    return (
+        f"Single-stream e2e tok/s, our fastest {name(best)} {best['e2e_tps']:.2f} over each peer: "
+        + "; ".join(parts)
+        + "."
+    )
+
+
+def decode_markdown(result: Mapping[str, Any]) -> str:
+    """The Markdown report of a decode benchmark (header, command, one table per set)."""
+    lines = report.markdown_preamble(
+        f"speclive decode benchmark: {result['header'].get('tag')}", result["header"]
+    )
+    lines += [
+        "Columns: *e2e tok/s* = new tokens / wall time of the whole call (prefill included, same for "
+        "every method and peer); *speedup* = e2e throughput over `ar` of the same backend on the same "
+        "prompts (the ratio of summed times when the outputs have equal length); *decode speedup* "
+        "excludes prefill (our loop only); *τ* = tokens per target forward; *α̂* = per-token "
+        "acceptance estimate; *free-draft bound* = speedup the same draft/accept trace would give if "
+        "drafting were free and verification cost followed the measured cost curve; *of bound* = "
+        "decode speedup / that bound; *α-bound* = best speedup of a free chain drafter with "
+        "acceptance α̂ at the optimal fixed length k*; *identical* = prompts whose output is "
+        f"token-identical to `ar`; a divergence at a reference top-2 logit gap < {report.NEAR_TIE_GAP} is a "
+        "near-tie flip, larger gaps are BUGS.",
+        "",
+    ]
+    bounds = result.get("ceilings", {})
+    if bounds:
+        lines.append(
+            "Ceiling (perfect acceptance, free drafting, measured cost curve): "
+            + ", ".join(f"{b}: {c['speedup']:.2f}× at k={c['k']}" for b, c in bounds.items())
         )
-    return paths
+        lines.append("")
+    by_set: dict[str, list[dict]] = {}
+    for row in result["summary"]:
+        by_set.setdefault(row["set"], []).append(dict(row))
+    for name, rows in by_set.items():
+        for r in rows:
+            r["identical"] = _identical_cell(r)
+        lines += [f"## {name}", "", report.md_table(SUMMARY_COLUMNS, rows), ""]
+        versus = peer_comparison(rows)
+        if versus:
+            lines += [versus, ""]
+    cvw = result.get("cold_vs_warm")
+    if cvw:
+        lines += [
+            "## cold vs warm",
+            "",
+            "*warm*: one drafter per method across the prompt set (the tables above); *cold*: a fresh "
+            "process and drafter per prompt, its speedup over `ar` run the same way; *+knowledge*: "
+            "cold, loading what earlier cold processes saved (`speclive knowledge`); *cold/warm*: "
+            "ratio of the speedups; *gain kept*: (cold − 1) / (warm − 1). Decode speedups where "
+            "measured, end-to-end ones for peers.",
+            "",
+            report.md_table(
+                [
+                    ("set", "set", 0),
+                    ("method", "method", 0),
+                    ("knowledge", "saved knowledge", 0),
+                    ("measure", "measure", 0),
+                    ("warm", "warm", 2),
+                    ("cold", "cold", 2),
+                    ("cold_of_warm", "cold/warm", 2),
+                    ("cold_gain_of_warm_gain", "gain kept", 2),
+                ],
+                [{**r, "knowledge": "yes" if r["knowledge"] else "no"} for r in cvw],
+            ),
+            "",
+        ]
+    bugs = result.get("bugs", [])
+    if bugs:
+        lines += ["## BUGS: divergences from AR at a clear logit gap", ""]
+        for b in bugs:
+            lines.append(
+                f"- {b['set']}/{b['prompt_id']} {b['method']}[{b['backend']}]: first divergence at token "
+                f"{b['position']}, reference gap {b['gap_top2']:.3f} (ar token {b['ref_token']}, "
+                f"method token {b['method_token']})"
+            )
+        lines.append("")
+    curves = result.get("cost_curves", {})
+    for backend, curve in curves.items():
+        rows = curve.get("rows", [])
+        if rows:
+            lines += [
+                f"## cost curve: {curve.get('model')} on {backend} (prefix {curve.get('prefix')})",
+                "",
+                report.md_table(CURVE_COLUMNS, rows),
+                "",
+            ]
+    if result.get("notes"):
+        lines += ["## notes", ""] + [f"- {n}" for n in result["notes"]] + [""]
+    return "\n".join(lines)

@@ -1,0 +1,120 @@
+"""The benchmark harness: the import graph of ``speclive.bench`` and the reference AR the
+exactness checks re-run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from context_lm import ASSISTANT, EOS, USER, ContextLM, reference_greedy
+
+from speclive.bench import report
+from speclive.bench.exactness import ar_logit_gap
+from speclive.decoder import greedy_reference, greedy_steps
+
+BENCH = Path(report.__file__).resolve().parent
+#: shared by every benchmark; they import no benchmark module
+HARNESS = {"report", "prompts", "costcurve", "exactness", "datasets", "peers", "vllm_peer"}
+#: command-line modules import their benchmark when its sub-command runs (fast ``--help``)
+LAZY_CLI = {"cli", "asr_cli"}
+
+
+# ------------------------------------------------------------------------------------ imports
+def _bench_imports(tree: ast.AST) -> set[str]:
+    """``speclive.bench`` modules a syntax tree imports."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "speclive.bench":
+                out |= {a.name for a in node.names}
+            elif node.module.startswith("speclive.bench."):
+                out.add(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[2] for a in node.names if a.name.startswith("speclive.bench.")}
+    return out
+
+
+def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Per module of ``speclive.bench``: the bench modules imported at module level, and those
+    imported inside functions."""
+    top: dict[str, set[str]] = {}
+    local: dict[str, set[str]] = {}
+    for path in sorted(BENCH.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        name = path.stem
+        top[name] = set()
+        for stmt in tree.body:
+            top[name] |= _bench_imports(stmt)
+        local[name] = _bench_imports(tree) - top[name]
+    return top, local
+
+
+def test_bench_imports_flow_one_way() -> None:
+    top, local = _graph()
+    assert "suites" not in top
+    for name in HARNESS:
+        assert top[name] <= HARNESS, f"harness module {name} imports {top[name] - HARNESS}"
+    for name, mods in local.items():
+        if name not in LAZY_CLI:
+            assert not mods, f"{name} imports {mods} inside functions"
+    # no cycle among module-level imports (depth-first search)
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        if state.get(m) == 1:
+            raise AssertionError(f"import cycle: {' -> '.join([*path, m])}")
+        if state.get(m) == 2:
+            return
+        state[m] = 1
+        for d in sorted(top.get(m, ())):
+            visit(d, [*path, m])
+        state[m] = 2
+
+    for m in top:
+        visit(m, [])
+
+
+# ------------------------------------------------------------------------------------ reference AR
+PROMPTS = [[5, 9, 11, 4], [7], [30, 31, 32, 33, 34, 35], [USER, 12, 40, 17, ASSISTANT]]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_reference_is_plain_greedy(prompt: list[int]) -> None:
+    lm = ContextLM()
+    ref = reference_greedy(prompt, 12)
+    out, gaps = greedy_reference(lm, prompt, 12)
+    assert out == ref
+    ended = len(ref) < 12  # stopped at EOS: that step's gap is there, its token is not
+    assert len(gaps) == len(out) + ended and all(g > 0 for g in gaps)
+    # the decoder's prompt shapes and teacher forcing along the output read the same rows
+    for split in (False, True):
+        steps = list(greedy_steps(lm, prompt, 12, follow=out[:5], split_prompt=split))
+        assert [t for _, t in steps][: len(out)] == out
+
+
+def test_greedy_reference_stops_at_eos() -> None:
+    lm = ContextLM()
+    prompt = [USER, 12, 40, ASSISTANT]  # a "translation": two words, then EOS
+    out, gaps = greedy_reference(lm, prompt, 10)
+    assert len(out) == 2 and len(gaps) == 3
+    # a followed token never ends the run, an argmax EOS does
+    steps = list(greedy_steps(lm, prompt, 10, follow=[*out, EOS, 4]))
+    assert [t for _, t in steps] == [*out, EOS, 4, EOS]
+
+
+def test_ar_logit_gap_reads_the_reference_row() -> None:
+    lm = ContextLM()
+    prompt = [5, 9, 11, 4]
+    ref, gaps = greedy_reference(lm, prompt, 10)
+    for pos in (0, 3, len(ref) - 1):
+        other = (ref[pos] + 1) % 64
+        g = ar_logit_gap(lm, prompt, ref, pos, other)
+        assert g["argmax"] == ref[pos] and g["rerun_matches_ref"] and g["ref_token"] == ref[pos]
+        assert g["gap_top2"] == pytest.approx(gaps[pos]) and g["gap_pair"] >= g["gap_top2"]
+        assert g["method_token"] == other and g["second"] != g["argmax"]
+    # teacher forcing: along another output the row is that output's
+    wrong = [*ref[:2], (ref[2] + 1) % 64, *ref[3:]]
+    g = ar_logit_gap(lm, prompt, wrong, 3, None)
+    assert g["argmax"] == reference_greedy([*prompt, *wrong[:3]], 1)[0]
+    assert "gap_pair" not in g
