@@ -1,9 +1,10 @@
-"""The benchmark harness: the import graph of ``speclive.bench`` and the reference AR the
-exactness checks re-run."""
+"""The benchmark harness: the import graph of ``speclive.bench``, the run header (git state,
+load average) and the reference AR the exactness checks re-run."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,55 @@ def test_bench_imports_flow_one_way() -> None:
 
     for m in top:
         visit(m, [])
+
+
+# ------------------------------------------------------------------------------------ header
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_git_state_flags_uncommitted_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECLIVE_GIT_COMMIT", raising=False)
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    _git(tmp_path, "add", "a.txt")
+    _git(tmp_path, "commit", "-q", "-m", "first")
+    commit, dirty = report.git_state(tmp_path)
+    assert commit and not commit.endswith("+dirty") and dirty is False
+    (tmp_path / "new.txt").write_text("untracked files do not count\n")
+    assert report.git_state(tmp_path) == (commit, False)
+    (tmp_path / "a.txt").write_text("two\n")
+    assert report.git_state(tmp_path) == (commit + "+dirty", True)
+    monkeypatch.setenv("SPECLIVE_GIT_COMMIT", "abc1234+dirty")
+    assert report.git_state(tmp_path) == ("abc1234+dirty", True)
+    monkeypatch.setenv("SPECLIVE_GIT_COMMIT", "abc1234")
+    assert report.git_state(tmp_path) == ("abc1234", None)
+
+
+def test_header_records_dirty_tree_and_start_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(report, "git_state", lambda where=None: ("abc1234+dirty", True))
+    info = report.machine_info([0.5, 0.25, 0.125])
+    assert info["git"] == "abc1234+dirty" and info["git_dirty"] is True
+    assert info["load_avg_start"] == [0.5, 0.25, 0.125]
+    header = {"machine": info, "command": "speclive bench decode"}
+    assert "load avg before loading models [0.5, 0.25, 0.125]" in report.header_lines(header)[0]
+    md = report.markdown_preamble("t", header)
+    warning = [x for x in md if "Warning: uncommitted changes" in x]
+    assert len(warning) == 1 and "abc1234" in warning[0]
+    assert md.index(warning[0]) < md.index("Reproduce with:")
+    # without a reading of its own, the one from when the harness was imported
+    assert report.machine_info()["load_avg_start"] == report._LOAD_AVG_AT_IMPORT
+
+    monkeypatch.setattr(report, "git_state", lambda where=None: ("abc1234", False))
+    clean = {"machine": report.machine_info(), "command": "x"}
+    assert clean["machine"]["git_dirty"] is False
+    assert not any("Warning" in x for x in report.markdown_preamble("t", clean))
+    assert not any("Warning" in x for x in report.markdown_preamble("t", {"command": "x"}))
 
 
 # ------------------------------------------------------------------------------------ reference AR

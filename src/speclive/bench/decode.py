@@ -210,10 +210,16 @@ def _label(m: Method, multi_backend: bool) -> str:
     return f"{m.name} [{m.backend}]" if multi_backend and m.kind != "vllm" else m.name
 
 
-def run_decode_bench(opts: DecodeOptions, log: Log = _stderr) -> dict[str, Any]:
-    """Run the decode benchmark described by ``opts``; returns the full result (see module doc)."""
+def run_decode_bench(
+    opts: DecodeOptions, log: Log = _stderr, load_avg_start: list[float] | None = None
+) -> dict[str, Any]:
+    """Run the decode benchmark described by ``opts``; returns the full result (see module doc).
+    ``load_avg_start``: the machine's load average read before the caller loaded anything (by
+    default it is read here, before the models load)."""
     from speclive.loader import load_backend
 
+    if load_avg_start is None:
+        load_avg_start = report.load_avg()
     if not opts.backends:
         raise ValueError("no backend to benchmark")
     tag = opts.tag or f"{opts.target}-{'+'.join(opts.backends)}"
@@ -236,7 +242,7 @@ def run_decode_bench(opts: DecodeOptions, log: Log = _stderr) -> dict[str, Any]:
 
     header: dict[str, Any] = {
         "tag": tag,
-        "machine": report.machine_info(),
+        "machine": report.machine_info(load_avg_start),
         "target": opts.target,
         "backends": list(opts.backends),
         "models": models,

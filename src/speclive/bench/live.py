@@ -208,6 +208,7 @@ def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = pri
     from speclive.live.vad import TurnConfig
     from speclive.sessions.predictive import PredGenConfig
 
+    load_avg_start = report.load_avg()  # before the models load
     models = load_live_models(
         LiveModelsConfig(model=opts.model, backend=opts.backend, asr_margin_s=opts.asr_margin_s)
     )
@@ -224,6 +225,7 @@ def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = pri
     header = _header(
         models,
         opts,
+        load_avg_start,
         {
             "questions": len(questions),
             "voices": list(opts.voices),
@@ -310,8 +312,11 @@ def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = pri
     }
 
 
-def _header(models, opts: LiveBenchOptions, settings: dict[str, Any]) -> dict[str, Any]:
-    """The run header: machine, models, settings, methods and the reproducing command."""
+def _header(
+    models, opts: LiveBenchOptions, load_avg_start: list[float] | None, settings: dict[str, Any]
+) -> dict[str, Any]:
+    """The run header: machine (with the load average read before the models loaded), models,
+    settings, methods and the reproducing command."""
     cfg = models.cfg
     names = {
         "llm": models.llm.name,
@@ -321,7 +326,7 @@ def _header(models, opts: LiveBenchOptions, settings: dict[str, Any]) -> dict[st
     if models.tts is not None:
         names["tts"] = models.tts.name
     return {
-        "machine": report.machine_info(),
+        "machine": report.machine_info(load_avg_start),
         "target": models.llm.name,
         "backends": opts.backend,
         "models": names,
@@ -547,6 +552,7 @@ def run_live_translate_bench(opts: LiveBenchOptions, log: Callable[[str], None] 
     from speclive.sessions.metrics import normalized_erasure
     from speclive.sessions.retranslate import RetranslateConfig
 
+    load_avg_start = report.load_avg()  # before the models load
     models = load_live_models(
         LiveModelsConfig(model=opts.model, backend=opts.backend, asr_margin_s=opts.asr_margin_s, voice=None)
     )
@@ -561,6 +567,7 @@ def run_live_translate_bench(opts: LiveBenchOptions, log: Callable[[str], None] 
     header = _header(
         models,
         opts,
+        load_avg_start,
         {
             "utterances": len(texts),
             "voices": list(opts.voices),

@@ -134,6 +134,7 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
     from speclive.sessions.predictive import PredictiveResponder, parse_method
     from speclive.sessions.simulate import simulate_user
 
+    load_avg_start = report.load_avg()  # before the models load
     backend = load_backend(opts.model, opts.backend)
     tts = None
     if opts.tts:
@@ -144,7 +145,7 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
     q1, q2 = mtbench_questions(1), mtbench_questions(2)
     idx = _spread(len(q1), opts.limit)
     header = {
-        "machine": report.machine_info(),
+        "machine": report.machine_info(load_avg_start),
         "target": backend.name,
         "backends": backend.kind,
         "settings": {

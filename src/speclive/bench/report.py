@@ -1,9 +1,10 @@
 """Benchmark reporting shared by every benchmark: run header, JSON/Markdown writers, plots.
 
 Everything here is presentation and knows no benchmark: the measurements come from the
-benchmark modules (``speclive.bench.decode``, ``talon``, ...). The Markdown tables carry the
-header (machine, models, settings) and the exact command that reproduces them, so a results
-file is self-describing.
+benchmark modules (``speclive.bench.decode``, ``talon``, ...). A results file is
+self-describing: its header says where and from what it ran (machine, load before the run,
+library versions, git commit and whether the tree had uncommitted changes) and the Markdown
+carries the exact command that reproduces it.
 """
 
 from __future__ import annotations
@@ -44,50 +45,74 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _git_commit() -> str | None:
-    # a copy of the tree without .git (e.g. on a lent GPU machine) can name its commit
-    if os.environ.get("SPECLIVE_GIT_COMMIT"):
-        return os.environ["SPECLIVE_GIT_COMMIT"]
-    here = Path(__file__).resolve().parent
+def load_avg() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages now (None where the system has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+#: the load average when this module was first imported, which in a ``speclive bench`` process
+#: is before any model loads: ``machine_info``'s reading for a caller that passes none
+_LOAD_AVG_AT_IMPORT = load_avg()
+
+
+def git_state(where: Path | None = None) -> tuple[str | None, bool | None]:
+    """``(commit, dirty)`` of the checkout holding ``where`` (default: this file): the short
+    commit, ``+dirty`` appended when tracked files have uncommitted changes, and that flag
+    (None when unknown). ``SPECLIVE_GIT_COMMIT`` names the commit of a copy without ``.git``
+    (e.g. on a lent GPU machine); a trailing ``+dirty`` there says the copy was dirty."""
+    env = os.environ.get("SPECLIVE_GIT_COMMIT")
+    if env:
+        return env, True if env.endswith("+dirty") else None
+    cwd = where if where is not None else Path(__file__).resolve().parent
     try:
         sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+            ["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
         ).stdout.strip()
-        dirty = subprocess.run(
+        status = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
+            cwd=cwd,
             capture_output=True,
             text=True,
             timeout=5,
-        ).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{sha}{'+dirty' if dirty else ''}" if sha else None
+        return None, None
+    if not sha:
+        return None, None
+    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    return f"{sha}{'+dirty' if dirty else ''}", dirty
 
 
-def machine_info() -> dict[str, Any]:
-    """Where a benchmark ran: CPU, cores, memory, load, library versions, git commit, time."""
+def machine_info(load_avg_start: list[float] | None = None) -> dict[str, Any]:
+    """Where a benchmark ran: CPU, cores, memory, load, library versions, git commit, time.
+
+    ``load_avg_start``: the load average the benchmark read (``load_avg()``) before it loaded
+    any model (loading keeps a core busy and lifts the 1-minute figure); without one, the
+    reading taken when this module was imported. ``git_dirty``: tracked files had uncommitted
+    changes, so ``git`` alone does not name the code that ran.
+    """
     try:
         affinity = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         affinity = None
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        load = None
+    commit, dirty = git_state()
     return {
         "cpu": cpu_model(),
         "gpu": gpu_model(),
         "cores": os.cpu_count(),
         "cores_usable": affinity,
         "mem_gb": _mem_total_gb(),
-        "loadavg_at_start": load,
+        "load_avg_start": load_avg_start if load_avg_start is not None else _LOAD_AVG_AT_IMPORT,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "versions": {
             d: _version(d) for d in ("speclive", "torch", "transformers", "llama-cpp-python", "numpy")
         },
-        "git": _git_commit(),
+        "git": commit,
+        "git_dirty": dirty,
         "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
     }
 
@@ -109,7 +134,7 @@ def header_lines(header: Mapping[str, Any]) -> list[str]:
     v = m.get("versions", {})
     lines = [
         f"machine: {m.get('cpu')} | {m.get('cores')} cores ({m.get('cores_usable')} usable) | "
-        f"{m.get('mem_gb')} GB | load avg at start {m.get('loadavg_at_start')}"
+        f"{m.get('mem_gb')} GB | load avg before loading models {m.get('load_avg_start')}"
         + (f" | GPU {m['gpu']}" if m.get("gpu") else ""),
         f"software: python {m.get('python')}, torch {v.get('torch')}, transformers {v.get('transformers')}, "
         f"llama-cpp-python {v.get('llama-cpp-python')}, speclive {v.get('speclive')} (git {m.get('git')})",
@@ -124,6 +149,17 @@ def header_lines(header: Mapping[str, Any]) -> list[str]:
                 val = ", ".join(str(x) for x in val)
             lines.append(f"{key}: {val}")
     return lines
+
+
+def dirty_warning(header: Mapping[str, Any]) -> str | None:
+    """A warning when the run's git tree had uncommitted changes (``git_dirty``), else None."""
+    m = header.get("machine", {})
+    if m.get("git_dirty") is not True:
+        return None
+    return (
+        f"**Warning: uncommitted changes.** The git tree was dirty when this ran (`git_dirty: true`): "
+        f"commit {str(m.get('git')).removesuffix('+dirty')} alone does not reproduce these numbers."
+    )
 
 
 # ------------------------------------------------------------------------------------ writers
@@ -150,8 +186,13 @@ def write_json(path: Path, data: Any) -> Path:
 
 
 def markdown_preamble(title: str, header: Mapping[str, Any]) -> list[str]:
-    """Title, the run header as a list and the command that reproduces the run."""
-    lines = [f"# {title}", ""] + [f"- {x}" for x in header_lines(header)]
+    """Title, a warning when the git tree was dirty, the run header as a list and the command
+    that reproduces the run."""
+    lines = [f"# {title}", ""]
+    warning = dirty_warning(header)
+    if warning:
+        lines += [f"> {warning}", ""]
+    lines += [f"- {x}" for x in header_lines(header)]
     return lines + ["", "Reproduce with:", "", "```", header.get("command", ""), "```", ""]
 
 

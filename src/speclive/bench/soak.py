@@ -226,6 +226,7 @@ class _Chat(threading.Thread):
 def run_soak(args: argparse.Namespace, command: str) -> dict[str, Any]:
     from speclive.server.inproc import free_port
 
+    load_avg_start = report.load_avg()  # before the server loads its models
     key = "soak-key"
     port = free_port()
     questions = tuple(QUESTIONS[i % len(QUESTIONS)] for i in range(args.sessions))
@@ -263,10 +264,14 @@ def run_soak(args: argparse.Namespace, command: str) -> dict[str, Any]:
         health = http.get("/health").status_code
     finally:
         stop_server(srv)
-    return summarize_soak(args, command, questions, voices, chats, samples, health)
+    return summarize_soak(
+        args, command, questions, voices, chats, samples, health, load_avg_start=load_avg_start
+    )
 
 
-def summarize_soak(args, command, questions, voices, chats, samples, health) -> dict[str, Any]:
+def summarize_soak(
+    args, command, questions, voices, chats, samples, health, load_avg_start: list[float] | None = None
+) -> dict[str, Any]:
     turns = [t for v in voices for t in v.turns]
     errors = [e for v in voices for e in v.errors] + [e for c in chats for e in c.errors]
     crossed = 0
@@ -316,7 +321,7 @@ def summarize_soak(args, command, questions, voices, chats, samples, health) -> 
         "health_at_end": health,
     }
     header = {
-        "machine": report.machine_info(),
+        "machine": report.machine_info(load_avg_start),
         "command": command,
         "models": f"{args.model} (llama.cpp), {args.asr_model} (draft {args.asr_draft}), Piper",
         "settings": {

@@ -228,12 +228,13 @@ def compare_runs(pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
 def run_speechlm_bench(o: SpeechLMBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     from speclive.speechlm import SpeechLM, SpeechLMConfig
 
+    load_avg_start = report.load_avg()  # before the model is built
     torch.set_num_threads(o.threads)
     mcfg = SpeechLMConfig.preset(o.preset)
     model = SpeechLM(mcfg)
     n_params = sum(p.numel() for p in model.parameters())
     header = {
-        "machine": report.machine_info(),
+        "machine": report.machine_info(load_avg_start),
         "models": {
             "speech LM": f"random {o.preset}: S={mcfg.n_streams} streams x K={mcfg.codebook_size} codes, "
             f"d={mcfg.d_model}, {mcfg.n_layers} layers, {mcfg.n_heads} heads, vocab {model.layout.size}, "

@@ -116,11 +116,12 @@ def run_retranslate_bench(
     from speclive.sessions.retranslate import ReTranslator
     from speclive.sessions.simulate import lag_k_prefixes
 
+    load_avg_start = report.load_avg()  # before the model loads
     backend = load_backend(opts.model, opts.backend, device=opts.device)
     sentences = bench_sentences(opts.limit)
     cfgs = configurations(opts)
     header = {
-        "machine": report.machine_info(),
+        "machine": report.machine_info(load_avg_start),
         "target": backend.name,
         "backends": backend.kind,
         "settings": {

@@ -340,6 +340,7 @@ def run_talon(opts: Any, hf_peers: bool = False) -> dict[str, Any]:
     """Run the decode benchmark with the Talon sets/methods and add the Talon extras."""
     from speclive.loader import load_backend
 
+    load_avg_start = report.load_avg()  # before the datastore and the models load
     if hf_peers and "hf" not in opts.backends:
         opts.backends = [*opts.backends, "hf"]
     if hf_peers:
@@ -364,7 +365,7 @@ def run_talon(opts: Any, hf_peers: bool = False) -> dict[str, Any]:
                 f"them ({', '.join(leaked)}): retrieval would copy them. Rebuild it with "
                 f"`speclive datastore build ... --exclude-bench {opts.limit or 0}`"
             )
-    result = run_decode_bench(opts)
+    result = run_decode_bench(opts, load_avg_start=load_avg_start)
     result["header"]["datastore"] = facts
     # prompt ids per record, for the lookup timing
     by_id: dict[tuple[str, str], list[int]] = {}
