@@ -1,5 +1,5 @@
 """The benchmark harness: the import graph of ``speclive.bench``, the run header (git state,
-load average) and the reference AR the exactness checks re-run."""
+load average), the Talon verdict rule and the reference AR the exactness checks re-run."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from context_lm import ASSISTANT, EOS, USER, ContextLM, reference_greedy
 
 from speclive.bench import report
 from speclive.bench.exactness import ar_logit_gap
+from speclive.bench.talon import verdict
 from speclive.decoder import greedy_reference, greedy_steps
 
 BENCH = Path(report.__file__).resolve().parent
@@ -123,6 +124,20 @@ def test_header_records_dirty_tree_and_start_load(monkeypatch: pytest.MonkeyPatc
     assert clean["machine"]["git_dirty"] is False
     assert not any("Warning" in x for x in report.markdown_preamble("t", clean))
     assert not any("Warning" in x for x in report.markdown_preamble("t", {"command": "x"}))
+
+
+# ------------------------------------------------------------------------------------ talon
+@pytest.mark.parametrize(
+    ("ratio", "lo", "hi", "expected"),
+    [
+        (1.001, 0.990, 1.011, "within noise"),  # above 1, interval reaches below: not "faster"
+        (0.995, 0.985, 1.004, "within noise"),
+        (1.05, 1.02, 1.08, "faster"),
+        (0.95, 0.92, 0.98, "slower"),
+    ],
+)
+def test_talon_verdict_is_symmetric(ratio: float, lo: float, hi: float, expected: str) -> None:
+    assert verdict({"ratio": ratio, "lo": lo, "hi": hi}) == expected
 
 
 # ------------------------------------------------------------------------------------ reference AR

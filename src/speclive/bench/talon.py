@@ -16,7 +16,8 @@ apply (transformers generate/assisted with ``--hf-peers`` on the transformers ba
 Added on top of the decode result: the datastore's provenance and its overlap with the
 benchmark prompts (must be empty), suffix-lookup time against one target step, the busy
 time of both sides in the asynchronous mode, and the hybrid against the best single drafter
-per set with bootstrap intervals over prompts. A replica such as ``suffix#2`` (a second,
+per set with bootstrap intervals over prompts (``faster``/``slower`` only when the whole
+interval is above/below 1, else ``within noise``). A replica such as ``suffix#2`` (a second,
 independent ``suffix`` run side by side) is an A/A control: its ratio to ``suffix`` is the
 spread timing noise and diverging learned state alone produce.
 """
@@ -133,13 +134,24 @@ def _ratio_ci(
     return {"a": a, "b": b, "prompts": len(ids), "ratio": float(point), "lo": float(lo), "hi": float(hi)}
 
 
+def verdict(c: Mapping[str, Any]) -> str:
+    """The verdict on a throughput ratio with its interval (``{"ratio", "lo", "hi"}``):
+    ``faster`` when the whole interval is above 1, ``slower`` when all of it is below 1, else
+    ``within noise``, whichever side of 1 the point estimate lies."""
+    if c["lo"] > 1.0:
+        return "faster"
+    if c["hi"] < 1.0:
+        return "slower"
+    return "within noise"
+
+
 def hybrid_vs_best(records: Sequence[Mapping[str, Any]], n_boot: int = 4000, seed: int = 0) -> dict[str, Any]:
     """Per set: the hybrid's throughput over the best single drafter's (model, n-gram, suffix:
     the highest point estimate, a choice that favours the single drafter), and every A/A
     replica (``NAME#TAG``) over its original, each with a bootstrap interval over prompts.
 
-    Verdict per set: ``faster`` (ratio >= 1), ``within noise`` (below 1 but its interval
-    reaches 1) or ``slower``.
+    Verdict per set (``verdict``): ``faster`` or ``slower`` when the whole interval is above or
+    below 1, else ``within noise``.
     """
     out: dict[str, Any] = {}
     sets = list(dict.fromkeys(r["set"] for r in records))
@@ -157,7 +169,7 @@ def hybrid_vs_best(records: Sequence[Mapping[str, Any]], n_boot: int = 4000, see
             best = max(singles, key=lambda m: vs_ar[m]["ratio"] if vs_ar[m] else 0.0)
             c = _ratio_ci(by, "hybrid", best, n_boot, seed)
             if c is not None:
-                c["verdict"] = "faster" if c["ratio"] >= 1 else "within noise" if c["hi"] >= 1 else "slower"
+                c["verdict"] = verdict(c)
             entry["best_single"] = best
             entry["hybrid_vs_best"] = c
         entry["replicas"] = [
