@@ -37,6 +37,19 @@ def _bench_imports(tree: ast.AST) -> set[str]:
     return out
 
 
+def _module_level(tree: ast.Module) -> list[ast.stmt]:
+    """The import statements a module runs when it is imported (not those in functions)."""
+    out: list[ast.stmt] = []
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            out.append(node)
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            todo += ast.iter_child_nodes(node)
+    return out
+
+
 def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """Per module of ``speclive.bench``: the bench modules imported at module level, and those
     imported inside functions."""
@@ -46,7 +59,7 @@ def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
         tree = ast.parse(path.read_text())
         name = path.stem
         top[name] = set()
-        for stmt in tree.body:
+        for stmt in _module_level(tree):
             top[name] |= _bench_imports(stmt)
         local[name] = _bench_imports(tree) - top[name]
     return top, local
