@@ -126,6 +126,9 @@ def test_background_calls_wait_for_foreground_turns_and_can_be_withdrawn():
         s = worker.stream(_steps("answer", 3, log))
         call = worker.submit(lambda: log.append("call"))
         assert dropped.cancel()  # not started: withdrawn
+        for _ in range(50):  # a session withdrawing and resubmitting leaves nothing behind
+            assert worker.submit_background(lambda: None).cancel()
+        assert len(worker._background) <= 2
         gate.set()
         assert [x async for x in s] == [0, 1, 2]
         call.result(5)

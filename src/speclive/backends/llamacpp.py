@@ -119,7 +119,7 @@ class LlamaCppBackend(Backend):
         n_ctx: int = 4096,
         n_threads: int | None = None,
         n_batch: int = 512,
-        max_tree_branches: int = 16,
+        max_tree_branches: int | None = None,
         max_states: int = 4,
         repack: bool = True,
         restore_evicted: bool = False,
@@ -138,6 +138,9 @@ class LlamaCppBackend(Backend):
         path = Path(gguf_path)
         if not path.is_file():
             raise FileNotFoundError(f"GGUF model file not found: {path}")
+        if max_tree_branches is None:
+            # 16 branches per tree, fewer when many states must share llama.cpp's sequence ids
+            max_tree_branches = max(1, min(16, lib.llama_max_parallel_sequences() // max(1, max_states) - 1))
         if max_tree_branches < 1 or max_states < 1:
             raise ValueError("max_tree_branches and max_states must be >= 1")
         n_seq = max_states * (1 + max_tree_branches)

@@ -107,9 +107,10 @@ class ChatEngine:
             return cls(connect(config.vllm_urls, model=config.model, top_k=config.vllm_top_k), config)  # type: ignore[arg-type]
         from speclive.loader import load_backend
 
-        # llama.cpp: a KV state per session the server may hold (it allows 15 with the default
-        # tree width), so sessions seldom evict each other
-        states = min(15, max(4, config.max_sessions)) if config.backend == "llamacpp" else None
+        # llama.cpp: a KV state per session the server may hold, so sessions do not evict each
+        # other (an evicted conversation is prefilled again: under load that thrashes); past 15
+        # states the trees get fewer branches (llama.cpp has 256 sequence ids in all)
+        states = min(64, max(4, config.max_sessions)) if config.backend == "llamacpp" else None
         backend = load_backend(
             config.model,
             config.backend,

@@ -240,9 +240,9 @@ class ModelWorker:
 
     @property
     def pending(self) -> int:
-        """Turns waiting in the queues (active streams count once)."""
+        """Turns waiting in the queues (active streams count once; withdrawn calls do not)."""
         with self._cv:
-            return len(self._queue) + len(self._background)
+            return len(self._queue) + sum(not c.future.cancelled() for c in self._background)
 
     def _put(self, task: _Call | Stream[Any], background: bool = False) -> None:
         with self._cv:
@@ -250,6 +250,10 @@ class ModelWorker:
                 raise RuntimeError(f"the {self.name} worker is closed")
             if background:
                 assert isinstance(task, _Call)
+                # withdrawn calls (cancelled futures) leave the queue here: a busy worker never
+                # reaches them, and a session withdraws and resubmits for every audio chunk
+                if any(c.future.cancelled() for c in self._background):
+                    self._background = deque(c for c in self._background if not c.future.cancelled())
                 self._background.append(task)
             else:
                 self._queue.append(task)
