@@ -533,3 +533,16 @@ def test_states_share_the_context_cells(small: LlamaCppBackend, prefix: list[int
     small.release(a)
     small.extend(b, fill[::-1])  # fits once a is gone
     small.release(b)
+
+
+def test_reserve_kv_refuses_to_clear_a_cache_in_use(gguf: Path, tok: Tokenizer, prefix: list[int]) -> None:
+    be = LlamaCppBackend(gguf, tok, n_ctx=N_CTX, n_threads=THREADS, max_states=2)
+    try:
+        be.reserve_kv()  # nothing cached yet: the KV buffer is written once
+        s = be.new_state()
+        be.extend(s, prefix)
+        with pytest.raises(RuntimeError, match="clear states"):
+            be.reserve_kv()
+        assert s.tokens == prefix and be.cache_len(s) == len(prefix)
+    finally:
+        be.close()

@@ -321,3 +321,34 @@ def test_a_long_conversation_drops_its_oldest_turns_to_fit_the_context(llama_smo
     assert len(chat_prompt(llama_smol.tokenizer, "And what came after?", history)) > llama_smol.n_ctx
     short = PredictiveResponder(llama_smol, max_tokens=64, history=history[-2:])
     assert short.prompt_ids("Hi") == chat_prompt(llama_smol.tokenizer, "Hi", history[-2:])
+
+
+def test_a_restarted_responder_keeps_its_cache_and_answers_as_a_fresh_one(hf_smol, monkeypatch):
+    q1, q2 = "What is the boiling point of water?", "And its freezing point?"
+    r = PredictiveResponder(hf_smol, max_tokens=12)
+    for w in ("What is", "What is the boiling"):
+        r.update(w)
+    a1 = r.finish(q1).response
+    history = [{"role": "user", "content": q1}, {"role": "assistant", "content": a1}]
+    state = r.decoder.state
+    r.restart(history)  # the next turn of the same conversation
+    assert r.decoder.state is state and state.tokens and r.candidate == [] and not r.finished
+    evaluated: list[int] = []
+    extend = hf_smol.extend
+
+    def counting(st, tokens, parents=None, last_only=False):
+        if st is state:
+            evaluated.append(len(tokens))
+        return extend(st, tokens, parents, last_only)
+
+    monkeypatch.setattr(hf_smol, "extend", counting)
+    r.update("And its")
+    second = r.finish(q2)
+    monkeypatch.undo()
+    # the second turn's prompt holds the first turn's: that prefix was not evaluated again
+    prompt = r.prompt_ids(q2)
+    assert sum(evaluated) < len(prompt) - len(chat_prompt(hf_smol.tokenizer, q1, [], r.cfg.system)) + 40
+    fresh = PredictiveResponder(hf_smol, max_tokens=12, history=history)
+    assert second.response == fresh.finish(q2).response  # lossless: the reused cache changes nothing
+    fresh.close()
+    r.close()

@@ -254,6 +254,15 @@ class LlamaCppBackend(Backend):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def reserve_kv(self) -> None:
+        """Write the whole KV buffer once, so its memory is resident from now on: a server's
+        memory use is then known at start-up (not reached conversation by conversation, which
+        looks like a leak and can run out mid-way). Clears every state's cache: call it before
+        any state holds tokens."""
+        if any(ref() is not None and ref().tokens for ref in self._owners.values()):  # type: ignore[union-attr]
+            raise RuntimeError("reserve_kv() would clear states that hold tokens")
+        self._lib.llama_memory_clear(self._mem, True)
+
     def default_cost_prior(self) -> dict[int, float] | None:
         from speclive.drafting.priors import cost_curve
 

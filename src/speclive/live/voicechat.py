@@ -99,8 +99,11 @@ class VoiceChat(LivePipeline):
 
     # ---- turn hooks -------------------------------------------------------------------------
     def _new_responder(self) -> PredictiveResponder:
+        """The responder for a new turn: the conversation's one responder, restarted, so its KV
+        cache (system prompt and earlier turns) serves the new turn's prompt too."""
         if self.responder is not None:
-            self.responder.close()
+            self.responder.restart(self.history)
+            return self.responder
         cfg = PredGenConfig(**{**self.pcfg.__dict__, "mode": self.mode, "baseline": False})
         self.responder = PredictiveResponder(self.llm, cfg, tts=self.tts, history=self.history)
         return self.responder

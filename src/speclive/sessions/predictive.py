@@ -239,11 +239,18 @@ class PredictiveResponder:
         self.backend = model
         self.tok = model.tokenizer
         self.tts = tts
-        self.history = list(history or [])
         self.drafter = HistoryDrafter(recycle=True) if self.speculative else None
         self.decoder = make_decoder(model, self.drafter, rule if self.speculative else None)
         self._judge_state = model.new_state() if self.kind == "reflection" and self.speculative else None
         self._yes, self._no = self._answer_ids("yes"), self._answer_ids("no")
+        self._synth_per_char: float | None = None
+        self.restart(history)
+
+    def restart(self, history: list[dict[str, str]] | None = None) -> None:
+        """A new turn of the conversation (``history``: the turns before it): what the last
+        turn speculated goes; the KV cache stays, so the next prompt's shared prefix (system
+        prompt and earlier turns) is not evaluated again."""
+        self.history = list(history or [])
         self.candidate: list[int] = []
         self.presynth: tuple[str, Audio] | None = None
         self.updates: list[CandidateUpdate] = []
@@ -252,7 +259,6 @@ class PredictiveResponder:
         self._cut_off = False  # the last speculation stopped before its first sentence ended
         self._last_first = ""  # the first sentence the previous update produced
         self.finished = False
-        self._synth_per_char: float | None = None
 
     # ---- prompts -------------------------------------------------------------------------
     def prompt_ids(self, partial: str) -> list[int]:
