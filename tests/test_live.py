@@ -237,6 +237,8 @@ def test_voicechat_audio_barge_in_and_history(hf_smol, piper):
         assert vc.history[1] == {"role": "assistant", "content": inter.played}
     assert vc.history[-2] == {"role": "user", "content": q2}
     assert len(_turns(res)) >= 2
+    # a conversation keeps its answers' text, not their audio (sent as events already)
+    assert vc.answers and all(not a.audio and a.first_audio is None for a in vc.answers)
 
 
 def test_silence_and_noise_give_no_speech(hf_smol):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from speclive.backends.base import Backend
@@ -94,7 +94,8 @@ class VoiceChat(LivePipeline):
         self._first_ready: float | None = None
         self._presynth_t: tuple[str, float] | None = None  # (first sentence, when its audio was made)
         self._answer = ""
-        #: every complete answer of this conversation (text, token ids, latency figures)
+        #: every complete answer of this conversation (text, token ids, latency figures; not
+        #: its audio, which was emitted as ``AudioChunk`` events)
         self.answers: list = []
 
     # ---- turn hooks -------------------------------------------------------------------------
@@ -286,7 +287,8 @@ class VoiceChat(LivePipeline):
         self.reply = None
         resp = part.response
         assert resp is not None
-        self.answers.append(resp)
+        # the answer's audio went out as events: a long conversation does not keep it
+        self.answers.append(replace(resp, audio=[], first_audio=None))
         self.history += [
             {"role": "user", "content": turn.final or ""},
             {"role": "assistant", "content": resp.response},
