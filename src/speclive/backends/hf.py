@@ -21,7 +21,7 @@ from speclive.backends.base import Backend, BackendState
 from speclive.errors import ConfigError
 from speclive.tokenizer import Tokenizer
 
-# t(k)/t(1) seen for Qwen 1.5B fp32 on the 2-core CPU (ENGINES.md); replaced online by measurements
+# t(k)/t(1) seen for Qwen 1.5B fp32 on the 2-core CPU (docs/engine.md); replaced online by measurements
 _HF_FP32_PRIOR = {1: 1.0, 2: 2.17, 4: 2.85, 8: 2.56, 16: 2.95, 32: 4.32}
 # on a GPU a small model's step is launch-bound: verifying a few dozen tokens costs about one
 # step (Qwen 0.5B fp32 on an H100: benchmarks/results/costcurve-qwen2.5-coder-0.5b-instruct-hf-cuda.md);

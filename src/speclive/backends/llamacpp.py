@@ -51,7 +51,8 @@ from speclive.backends.base import Backend, BackendState
 from speclive.errors import BackendUnavailableError, ContextOverflowError
 from speclive.tokenizer import Tokenizer
 
-#: t(k)/t(1) of one llama.cpp decode over k tokens (Qwen 1.5B Q4_K_M, ENGINES.md)
+#: t(k)/t(1) of one llama.cpp decode over k tokens, measured for Qwen 1.5B Q4_K_M on the 2-core CPU
+#: (the prior of the online cost model, docs/engine.md)
 LLAMACPP_COST_PRIOR: dict[int, float] = {1: 1.0, 2: 1.58, 4: 2.25, 8: 5.59, 16: 7.01, 32: 12.66}
 
 _LOG_TAIL: deque[str] = deque(maxlen=40)
