@@ -2,7 +2,7 @@
 the first differing token of each such stream and the target's top-2 logit gap there.
 
 On the fp32 transformers backend β = 0 must equal AR token for token. On llama.cpp a k-token
-verification pass moves logits slightly (quantized kernels, ENGINES.md), so an output may flip
+verification pass moves logits slightly (quantized kernels, docs/engine.md), so an output may flip
 where the top-2 gap is tiny; a flip at a clear margin would be a verification bug. The gap is
 read by re-running AR one token at a time up to the divergence, as ``bench decode`` and
 ``bench predgen`` classify theirs (``bench.exactness.ar_logit_gap``)::

@@ -18,8 +18,6 @@ from speclive.decoder import greedy_reference, greedy_steps
 BENCH = Path(report.__file__).resolve().parent
 #: shared by every benchmark; they import no benchmark module
 HARNESS = {"report", "prompts", "costcurve", "exactness", "datasets", "peers", "vllm_peer"}
-#: command-line modules import their benchmark when its sub-command runs (fast ``--help``)
-LAZY_CLI = {"cli", "asr_cli"}
 
 
 # ------------------------------------------------------------------------------------ imports
@@ -71,8 +69,7 @@ def test_bench_imports_flow_one_way() -> None:
     for name in HARNESS:
         assert top[name] <= HARNESS, f"harness module {name} imports {top[name] - HARNESS}"
     for name, mods in local.items():
-        if name not in LAZY_CLI:
-            assert not mods, f"{name} imports {mods} inside functions"
+        assert not mods, f"{name} imports {mods} inside functions"
     # no cycle among module-level imports (depth-first search)
     state: dict[str, int] = {}
 

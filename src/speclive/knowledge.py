@@ -202,25 +202,3 @@ def summary(data: dict[str, Any]) -> str:
         parts.append(f"t1={1000 * t1:.1f}ms")
     parts.append(f"saved {data.get('saved_utc', '?')}")
     return " | ".join(parts)
-
-
-def add_knowledge_parser(subparsers: Any) -> None:
-    """``speclive knowledge show|reset|path``."""
-    p = subparsers.add_parser("knowledge", help="saved cold-start knowledge: show or reset it")
-    p.add_argument("action", choices=["show", "reset", "path"])
-    p.set_defaults(func=cmd_knowledge)
-
-
-def cmd_knowledge(args: Any) -> int:
-    if args.action == "path":
-        print(knowledge_dir())
-        return 0
-    if args.action == "reset":
-        print(f"deleted {reset()} knowledge file(s) in {knowledge_dir()}")
-        return 0
-    items = entries()
-    if not items:
-        print(f"no saved knowledge in {knowledge_dir()}")
-    for path, data in items:
-        print(f"{path.name}: {summary(data) if data else 'unreadable (ignored)'}")
-    return 0

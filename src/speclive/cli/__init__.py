@@ -1,7 +1,21 @@
 """The ``speclive`` command line: generate, models, knowledge, bench, demo, transcribe.
 
 One module per command group (``speclive.cli.<group>``), each adding its parser to the top-level
-one; the commands are thin shells over the library.
+one; the commands are thin shells over the library:
+
+- ``generate``: ``speclive generate`` and the engine options other one-model commands share;
+- ``models``: ``speclive models list|install|verify``;
+- ``knowledge``: ``speclive knowledge show|reset|path``;
+- ``bench``: ``speclive bench ...`` (``bench_asr``: its ``asr`` sub-command);
+- ``datastore``: ``speclive datastore build|info|outputs``;
+- ``demo``: ``speclive demo``;
+- ``sessions``: ``speclive retranslate`` and ``speclive predgen``;
+- ``speechlm``: ``speclive speechlm demo``;
+- ``asr``: ``speclive transcribe``;
+- ``live``: ``speclive live chat|translate|transcribe``;
+- ``serve``: ``speclive serve``.
+
+(The first line above is the top-level ``--help`` description.)
 """
 
 from __future__ import annotations
@@ -16,14 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     from speclive.cli.asr import add_transcribe_parser
     from speclive.cli.bench import add_bench_parser
     from speclive.cli.datastore import add_datastore_parser
+    from speclive.cli.demo import add_demo_parser
     from speclive.cli.generate import add_generate_parser
+    from speclive.cli.knowledge import add_knowledge_parser
     from speclive.cli.live import add_live_parser
     from speclive.cli.models import add_models_parser
     from speclive.cli.serve import add_serve_parser
     from speclive.cli.sessions import add_predgen_parser, add_retranslate_parser
     from speclive.cli.speechlm import add_speechlm_parser
-    from speclive.demo import add_demo_parser
-    from speclive.knowledge import add_knowledge_parser
 
     parser = argparse.ArgumentParser(prog="speclive", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)

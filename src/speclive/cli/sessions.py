@@ -1,4 +1,10 @@
-"""``speclive retranslate``: stream a text through an SSBD re-translation session."""
+"""``speclive retranslate`` and ``speclive predgen``: the two session commands.
+
+- ``retranslate``: stream a text through an SSBD re-translation session
+  (``speclive.sessions.retranslate``);
+- ``predgen``: answer a prompt while the user is still speaking it, PredGen input-time
+  speculation (``speclive.sessions.predictive``), optionally voiced with Piper.
+"""
 
 from __future__ import annotations
 
