@@ -108,9 +108,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"  {label} : {st.new_tokens:4d} tokens in {st.total_s:6.2f}s "
             f"{st.e2e_tokens_per_second:6.1f} tok/s  {st.target_forwards} target passes"
         )
-    print(f"  drafted {s.drafted}, accepted {s.accepted} ({100 * s.acceptance_rate:.0f}%), "
-          f"tau {s.mean_accepted:.2f} tokens per target pass")
-    print(f"  {c(BOLD)}speedup {speedup:.2f}x{c(RESET)}, output "
-          + ("token-identical to plain greedy" if same else "DIFFERS from plain greedy (see ENGINES notes on "
-             "llama.cpp near-ties)"))
+    print(
+        f"  drafted {s.drafted}, accepted {s.accepted} ({100 * s.acceptance_rate:.0f}%), "
+        f"tau {s.mean_accepted:.2f} tokens per target pass"
+    )
+    print(
+        f"  {c(BOLD)}speedup {speedup:.2f}x{c(RESET)}, output "
+        + (
+            "token-identical to plain greedy"
+            if same
+            else "DIFFERS from plain greedy (see docs/engine.md on llama.cpp near-ties)"
+        )
+    )
     return 0
