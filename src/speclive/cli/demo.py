@@ -1,4 +1,4 @@
-"""``speclive demo``: the main job of ``make run`` until the server exists.
+"""``speclive demo`` (`make demo`): plain and speculative decoding of one prompt, side by side.
 
 Answers one prompt twice on the same backend: first plain greedy decoding (the reference),
 then with a speculative drafter, streaming the second answer live with the tokens that came
