@@ -17,7 +17,6 @@ import wave
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
@@ -27,7 +26,7 @@ pytest.importorskip("llama_cpp")
 import httpx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
-from speclive.decoder import GenerationStats  # noqa: E402
+from speclive.decoder import GenerationStats, greedy_reference  # noqa: E402
 from speclive.server.app import create_app  # noqa: E402
 from speclive.server.chat import ChatDelta, ChatDone  # noqa: E402
 from speclive.server.config import ServerConfig  # noqa: E402
@@ -153,29 +152,11 @@ def test_chat_stop_length_and_models(srv):
 
 
 def _reference(srv, prompt: str, n: int) -> tuple[list[int], list[float]]:
-    """Plain greedy decoding (one token per pass) with each step's top-2 logit gap, run on the
+    """``decoder.greedy_reference`` (plain greedy with each step's top-2 logit gap), run on the
     server's LLM worker (the backend is not thread-safe)."""
     b = srv.backend
-
-    def run():
-        ids = b.tokenizer.chat(_ask(prompt))
-        s = b.new_state()
-        try:
-            row = b.extend(s, ids)[-1]
-            out, gaps = [], []
-            for _ in range(n):
-                top = np.sort(row)[-2:]
-                gaps.append(float(top[1] - top[0]))
-                tok = int(np.argmax(row))
-                if tok in b.tokenizer.eos_ids:
-                    break
-                out.append(tok)
-                row = b.extend(s, [tok])[-1]
-            return out, gaps
-        finally:
-            b.release(s)
-
-    return srv.app.state.speclive.worker("chat").submit(run).result(120)
+    ids = b.tokenizer.chat(_ask(prompt))
+    return srv.app.state.speclive.worker("chat").submit(greedy_reference, b, ids, n).result(120)
 
 
 #: code edits: the answer copies the prompt, so the n-gram drafter has something to propose
