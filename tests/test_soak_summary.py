@@ -43,3 +43,17 @@ def test_summary_counts_errors_crossed_transcripts_and_growth():
     assert s["turns"] == 5 and s["turns_answered"] == 3 and s["chat_requests"] == 7
     assert abs(s["rss_growth_pct"] - 5.0) < 1e-9  # from the first sample after the warm-up
     assert s["latency_p50_s"] == 2.0
+
+
+def test_summary_rss_trend_is_the_least_squares_slope_after_warmup():
+    # +6 MiB a minute after the warm-up (a jump before it is not part of the trend)
+    samples = [{"t": 0.0, "rss_bytes": 50 * 2**20}] + [
+        {"t": 60.0 * m, "rss_bytes": (500 + 6 * m) * 2**20, "trimmed_bytes": 2**20 * m} for m in range(1, 6)
+    ]
+    args = SimpleNamespace(
+        sessions=1, chat_clients=0, minutes=5.0, warmup_minutes=1.0, model="m", asr_model="a", asr_draft="d"
+    )
+    voices = [SimpleNamespace(turns=[], errors=[], refused=0)]
+    s = summarize_soak(args, "cmd", QUESTIONS[:1], voices, [], samples, 200)["summary"]
+    assert abs(s["rss_slope_mib_per_min"] - 6.0) < 1e-6
+    assert s["trimmed_mib"] == 5.0

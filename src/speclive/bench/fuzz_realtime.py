@@ -106,6 +106,7 @@ def scrape(http: httpx.Client) -> dict[str, float]:
         "speclive_asyncio_tasks": "tasks",
         "process_resident_memory_bytes": "rss_bytes",
         "process_open_fds": "open_fds",
+        "speclive_memory_trimmed_bytes_total": "trimmed_bytes",
     }
     out: dict[str, float] = {}
     for line in http.get("/metrics").text.splitlines():

@@ -269,6 +269,15 @@ def run_soak(args: argparse.Namespace, command: str) -> dict[str, Any]:
     )
 
 
+def _slope_per_min(samples: list[dict[str, float]], key: str) -> float:
+    """Least-squares trend of ``key`` over ``samples`` per minute (0 with fewer than 3 points)."""
+    pts = [(s["t"] / 60, s[key]) for s in samples if key in s]
+    if len(pts) < 3:
+        return 0.0
+    t, y = np.array(pts).T
+    return float(np.polyfit(t, y, 1)[0])
+
+
 def summarize_soak(
     args, command, questions, voices, chats, samples, health, load_avg_start: list[float] | None = None
 ) -> dict[str, Any]:
@@ -314,6 +323,8 @@ def summarize_soak(
         "rss_mib_after_warmup": start.get("rss_bytes", 0) / 2**20,
         "rss_mib_end": end.get("rss_bytes", 0) / 2**20,
         "rss_growth_pct": 100 * (end.get("rss_bytes", 0) / max(1.0, start.get("rss_bytes", 1)) - 1),
+        "rss_slope_mib_per_min": _slope_per_min(after_warm, "rss_bytes") / 2**20,
+        "trimmed_mib": end.get("trimmed_bytes", 0) / 2**20,
         "open_fds_after_warmup": start.get("open_fds"),
         "open_fds_end": end.get("open_fds"),
         "latency_p50_s": float(np.percentile(all_lat, 50)) if all_lat else None,
@@ -355,6 +366,8 @@ def soak_markdown(result: dict[str, Any]) -> str:
         f"| crossed transcripts | {s['crossed_transcripts']} of {s['transcribed_turns']} |",
         f"| RSS after warm-up → end (MiB) | {s['rss_mib_after_warmup']:.0f} → {s['rss_mib_end']:.0f} "
         f"({s['rss_growth_pct']:+.1f} %) |",
+        f"| RSS trend after warm-up (least squares) | {s.get('rss_slope_mib_per_min', 0):+.1f} MiB/min |",
+        f"| freed heap returned to the OS (malloc_trim) | {s.get('trimmed_mib', 0):.0f} MiB |",
         f"| open fds after warm-up → end | {s['open_fds_after_warmup']} → {s['open_fds_end']} |",
         f"| voice-to-voice p50 / p99 (s) | {p50} / {p99} |",
         f"| /health at the end | {s['health_at_end']} |",

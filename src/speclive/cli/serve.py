@@ -61,6 +61,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         default=200.0,
         help="realtime client events per second per session (bursts of twice as many pass)",
     )
+    p.add_argument(
+        "--memory-trim",
+        type=float,
+        default=60.0,
+        help="seconds between returns of freed heap memory to the OS (0: never)",
+    )
     p.add_argument("--lazy", action="store_true", help="load each model on first use, not at startup")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=cmd_serve)
@@ -101,6 +107,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         realtime_idle_s=args.idle_timeout,
         realtime_events_per_s=args.max_events_per_s,
         preload=not args.lazy,
+        memory_trim_s=args.memory_trim,
     )
 
 

@@ -3,7 +3,8 @@
 Routes: the OpenAI-compatible REST API (``openai_api.py``), ``WS /v1/realtime``
 (``realtime.py``), ``GET /health`` (open, no auth), ``GET /metrics`` (Prometheus text) and the
 web page at ``/`` with its ES modules under ``/static/`` (open: they hold no data).
-Middleware (``middleware.py``): metrics + error boundary, API-key auth, body-size limit. No CORS
+Middleware (``middleware.py``): metrics + error boundary, API-key auth, body-size limit. While it
+runs, freed heap memory goes back to the OS every ``memory_trim_s`` seconds (``memory.py``). No CORS
 middleware: the web page that uses the API is served from this same origin.
 
 Models load lazily on first use, or at startup with ``ServerConfig.preload`` (what ``serve``
@@ -27,6 +28,7 @@ from fastapi.staticfiles import StaticFiles
 
 from speclive.server.config import ServerConfig
 from speclive.server.errors import install_error_handlers
+from speclive.server.memory import MemoryTrimmer
 from speclive.server.middleware import AuthMiddleware, BodyLimitMiddleware, ObserveMiddleware, route_label
 from speclive.server.openai_api import router as openai_router
 from speclive.server.services import Services
@@ -66,6 +68,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.metrics.watch_loop(asyncio.get_running_loop())
+        trimmer = None
+        if config.memory_trim_s > 0:
+            trimmer = MemoryTrimmer(config.memory_trim_s, on_release=services.metrics.trimmed.inc)
+            trimmer.start()
         if config.preload:
             await services.load_all()
             ws_url = config.url.replace("http", "ws", 1)
@@ -75,6 +81,8 @@ def create_app(
                 flush=True,
             )
         yield
+        if trimmer is not None:
+            await trimmer.stop()
         services.close()
 
     app = FastAPI(

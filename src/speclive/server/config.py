@@ -77,6 +77,8 @@ class ServerConfig:
     max_speech_chars: int = 4096
     #: load every model at startup (``speclive serve``) instead of on first use
     preload: bool = False
+    #: seconds between returns of freed heap memory to the OS (``server/memory.py``; 0: never)
+    memory_trim_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -105,6 +107,8 @@ class ServerConfig:
         for name in ("max_turn_s", "realtime_events_per_s", "realtime_send_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.memory_trim_s < 0:
+            raise ConfigError(f"memory_trim_s must be >= 0, got {self.memory_trim_s}")
         if self.realtime_idle_s < 0:
             raise ConfigError(f"realtime_idle_s must be >= 0, got {self.realtime_idle_s}")
         if not 0 < self.port < 65536:

@@ -78,6 +78,11 @@ class Metrics:
         self.realtime_closes = Counter(
             "speclive_realtime_closes", "Realtime connections closed, by close code", ["code"], registry=r
         )
+        self.trimmed = Counter(
+            "speclive_memory_trimmed_bytes",
+            "Resident memory returned to the OS by malloc_trim (freed heap pages)",
+            registry=r,
+        )
         self.tasks = Gauge("speclive_asyncio_tasks", "Tasks of the server's event loop", registry=r)
         ProcessCollector(registry=r)
 

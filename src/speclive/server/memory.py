@@ -1,0 +1,104 @@
+"""Hand freed heap memory back to the operating system while the server runs.
+
+A long-running server allocates and frees from several threads at once: the event loop, one
+worker per model, llama.cpp's, onnxruntime's and CTranslate2's thread pools. glibc's malloc
+gives each thread an arena of its own and returns a freed block to the kernel only when it sits
+at the top of that arena, so pages freed in the middle of an arena stay counted in the process's
+resident memory. Over hours that reads as a slow leak although nothing is held. ``malloc_trim``
+releases every whole free page of every arena (``madvise(MADV_DONTNEED)``), so the resident
+size follows what is really in use.
+
+``MemoryTrimmer`` runs ``malloc_trim(0)`` every ``interval_s`` seconds on a thread of its own
+(it takes the arena locks for a few milliseconds; the event loop keeps serving meanwhile) and
+counts what it released. Off glibc (musl, macOS, Windows) it does nothing: ``available`` is
+False.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+from collections.abc import Callable
+
+log = logging.getLogger("speclive.server")
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        fn = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set size (Linux ``/proc/self/statm``), None where unknown."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class MemoryTrimmer:
+    """Periodic ``malloc_trim(0)``; ``released_bytes`` adds up the resident memory it gave back."""
+
+    def __init__(self, interval_s: float = 60.0, on_release: Callable[[int], None] | None = None):
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.interval_s = interval_s
+        self.on_release = on_release
+        self._trim = _malloc_trim()
+        self.released_bytes = 0
+        self.trims = 0
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def available(self) -> bool:
+        return self._trim is not None
+
+    def trim(self) -> int:
+        """Trim now (blocking); the drop in resident bytes it caused (0 when it gave nothing)."""
+        if self._trim is None:
+            return 0
+        before = resident_bytes()
+        self._trim(0)
+        after = resident_bytes()
+        self.trims += 1
+        released = max(0, before - after) if before is not None and after is not None else 0
+        self.released_bytes += released
+        if released and self.on_release is not None:
+            self.on_release(released)
+        return released
+
+    def start(self) -> None:
+        """Trim every ``interval_s`` seconds from the running event loop until ``stop()``."""
+        if self._trim is None or self._task is not None:
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="speclive-memory-trim")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await asyncio.to_thread(self.trim)
+            except Exception:  # noqa: BLE001 - trimming is an optimisation: never take the server down
+                log.exception("malloc_trim failed; memory is no longer trimmed")
+                return
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
