@@ -429,12 +429,12 @@ def make_decoder(
     knowledge: KnowledgeStore | None = None,
 ) -> SpeculativeDecoder:
     """The decode loop for ``target``: ``SpeculativeDecoder`` for an in-process backend; a
-    remote engine (``speclive.engines.vllm.VLLMEngine``) brings its own loop with the same
-    interface (``generate``, ``run``, ``prefill``, ``last_stats``, ``close``)."""
-    factory = getattr(target, "make_decoder", None)
-    if factory is not None:
-        return factory(drafter, rule, knowledge)
-    return SpeculativeDecoder(target, drafter, rule, knowledge)
+    remote engine (``in_process`` False: ``speclive.engines.vllm.VLLMEngine``) brings its own
+    loop from its ``make_decoder``, with the same interface (``generate``, ``run``,
+    ``prefill``, ``close``)."""
+    if target.in_process:
+        return SpeculativeDecoder(target, drafter, rule, knowledge)
+    return target.make_decoder(drafter, rule, knowledge)
 
 
 # ---------------------------------------------------------------------------------------- reference

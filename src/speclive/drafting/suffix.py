@@ -246,7 +246,7 @@ class SuffixDrafter(Drafter):
         return (self._lookup_ema or 0.0) / t1 if t1 else 0.0
 
     def _max_leaves(self) -> int | None:
-        return getattr(self.target, "max_tree_branches", None)
+        return self.target.max_tree_branches if self.target is not None else None
 
     def choose(self, cand: Candidates, budget: int, draft_cost: float, keep: Sequence[int] = ()) -> DraftTree:
         """Select the nodes to verify (with probing when drafting is off) and remember them.

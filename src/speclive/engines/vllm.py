@@ -186,6 +186,8 @@ class VLLMEngine:
     """
 
     kind = "vllm"
+    #: not a ``Backend``: sessions run on it through its own ``make_decoder`` loop
+    in_process = False
 
     def __init__(
         self,

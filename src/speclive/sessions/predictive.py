@@ -231,7 +231,7 @@ class PredictiveResponder:
         self.speculative = cfg.mode == "predgen"
         self.kind, rule = _parse_verifier(cfg.verifier)
         self.one_pass_first = cfg.first_pass == "sentence"
-        if self.kind == "reflection" and self.speculative and not hasattr(model, "new_state"):
+        if self.kind == "reflection" and self.speculative and not model.in_process:
             raise ConfigError(
                 f"the reflection verifier reads the yes/no logits of an in-process backend; on the "
                 f"{model.kind} engine use greedy or topk:K"
