@@ -36,13 +36,14 @@ class MarkovLM(Backend):
     """next(prev2, prev1) = (3*prev2 + 5*prev1 + 1) % V, unless ``wrong`` says otherwise."""
 
     kind = "fake"
+    settable_threads = True
+    n_threads = 2
 
     def __init__(self, name: str, sleep: float, wrong: int | None = None):
         self.name, self.sleep, self.wrong = name, sleep, wrong
         self.tokenizer = _Tok()
         self.vocab_size = V
         self.n_ctx = 4096
-        self.n_threads = 2
         self.calls: list[int] = []  # the length of every extension
         super().__init__()
 

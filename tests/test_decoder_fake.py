@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
-from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.tree import DraftTree
 from speclive.sessions.retranslate import ReTranslator
 
@@ -39,7 +39,7 @@ class RandomTreeDrafter(Drafter):
     name = "random-tree"
 
     def __init__(self, seed: int, p_wrong: float, depth: int, oversize: bool):
-        super().__init__(AdaptiveConfig(fixed=True))
+        super().__init__(AdaptiveLength(AdaptiveConfig(fixed=True)))
         self.rng = np.random.default_rng(seed)
         self.p_wrong, self.depth, self.oversize = p_wrong, depth, oversize
         self.proposed = 0

@@ -19,7 +19,7 @@ import pytest
 
 from speclive.backends.base import Backend, BackendState
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
-from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError, ContextOverflowError
 
@@ -82,7 +82,7 @@ class PerfectDrafter(Drafter):
     name = "perfect"
 
     def __init__(self, data: bytes, k: int):
-        super().__init__(AdaptiveConfig(fixed=True, max_len=k))
+        super().__init__(AdaptiveLength(AdaptiveConfig(fixed=True, max_len=k)))
         self.data, self.k = data, k
 
     def propose(self, context, budget):

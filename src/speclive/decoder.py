@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from speclive.acceptance import AcceptanceRule, GreedyRule, SpeculativeSamplingRule
-from speclive.backends.base import Backend, BackendState, common_prefix_len
-from speclive.drafting.base import Drafter
+from speclive.backends.base import Backend, BackendState, CostModel, common_prefix_len
+from speclive.drafting.base import Drafter, StepFeedback
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError, ContextOverflowError
 
@@ -228,11 +228,11 @@ class Generation:
         self.done = False
         self._step: tuple[DraftTree, list[int], list[int], float, float, int, int] | None = None
         if self.drafter is not None:
-            self.drafter.bind(target)
+            dec._set_target_threads()
             if dec.knowledge is not None and not dec._knowledge_loaded:
                 dec._knowledge_loaded = True
                 dec.knowledge.load()
-            self.drafter.begin(self.context)
+            self.drafter.start(target, self.context)
 
     def next_pass(self) -> VerifyPass | None:
         """Draft the next step; the target pass it needs, or None when the generation is over."""
@@ -289,9 +289,9 @@ class Generation:
         accepted_nodes = [i - 1 for i in verdict.path[1:]]
         new = [tree.tokens[i] for i in accepted_nodes] + [verdict.bonus]
         if self.drafter is not None and len(tree):
-            self.drafter.feedback(tree, accepted_nodes, verdict.bonus)
-            if not t:  # a step that also carried the prompt tail is no drafting measurement
-                self.drafter.observe_step(tree.max_depth(), t2 - t0, len(new))
+            # a step that also carried the prompt tail is no drafting measurement
+            seconds = None if t else t2 - t0
+            self.drafter.feedback(StepFeedback(tree, accepted_nodes, verdict.bonus, seconds, len(new)))
         stats.target_forwards += 1
         stats.drafted += len(tree)
         stats.accepted += len(accepted_nodes)
@@ -345,6 +345,10 @@ class SpeculativeDecoder:
         self.state: BackendState = target.new_state()
         self.last_stats = GenerationStats()
         self._gen: Generation | None = None
+        # the target's cost curve at the drafter's ``target_threads`` (it differs from the usual
+        # one), and the threads and cost model to restore after a generation
+        self._drafting_cost: CostModel | None = None
+        self._restore: tuple[int | None, CostModel] | None = None
 
     def close(self) -> None:
         self.target.release(self.state)
@@ -386,10 +390,31 @@ class SpeculativeDecoder:
         self._gen = Generation(self, prompt_ids, config)
         return self._gen
 
+    def _set_target_threads(self) -> None:
+        """Before drafting: run the target on the threads the drafter declares
+        (``Drafter.target_threads``, where the target has ``settable_threads``), reading the
+        cost curve measured at that count; ``end`` restores both."""
+        n = self.drafter.target_threads if self.drafter is not None else None
+        t = self.target
+        if n is None or not t.settable_threads or self._restore is not None:
+            return
+        if self._drafting_cost is None:
+            self._drafting_cost = CostModel(t.default_cost_prior())
+        self._restore = (t.n_threads, t.cost)
+        t.cost = self._drafting_cost
+        t.set_threads(n)
+
     def end(self, gen: Generation) -> None:
-        """After a generation: stop the drafter's background work, save what it learned."""
+        """After a generation: stop the drafter's background work, restore the target's
+        threads, save what the drafter learned."""
         if self.drafter is not None:
-            self.drafter.end()  # stops background drafting, restores backend settings
+            self.drafter.end()  # stops background drafting
+        if self._restore is not None:
+            threads, cost = self._restore
+            self._restore = None
+            if threads is not None:
+                self.target.set_threads(threads)
+            self.target.cost = cost
         if self.knowledge is not None and gen.stats.target_forwards:
             self.knowledge.save()
 
