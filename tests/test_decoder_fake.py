@@ -73,7 +73,7 @@ prompts = st.lists(st.integers(min_value=0, max_value=V - 1), min_size=1, max_si
 
 def _check_run(lm, dec, prompt, cfg, ref):
     events = list(dec.generate(prompt, cfg))
-    ids, stats = dec.last_token_ids, dec.last_stats
+    ids, stats = dec.last_token_ids, events[-1].stats
     assert ids == ref
     assert [t for e in events for t in e.tokens] == ids
     assert stats.new_tokens == len(ids) and stats.target_forwards == len(events)

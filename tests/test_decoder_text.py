@@ -101,8 +101,8 @@ def _generate(drafter_k: int | None, cfg: GenerationConfig, n_ctx: int = 4096):
     lm = TextLM(n_ctx=n_ctx)
     drafter = PerfectDrafter(lm.data, drafter_k) if drafter_k else None
     dec = SpeculativeDecoder(lm, drafter)
-    deltas = [ev.text for ev in dec.generate(PROMPT, cfg)]
-    return deltas, dec.last_token_ids, dec.last_stats, dec.last_text
+    events = list(dec.generate(PROMPT, cfg))
+    return [ev.text for ev in events], dec.last_token_ids, events[-1].stats, dec.last_text
 
 
 @pytest.mark.parametrize("k", [None, 3, 16])

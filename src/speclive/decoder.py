@@ -14,7 +14,7 @@ newest one (``pending``), whose logits are produced as row 0 of the next verific
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,19 +46,6 @@ class GenerationConfig:
     ignore_eos: bool = False
     #: an uncached prompt tail up to this long is evaluated in the first verification pass
     fuse_prefill: int = 32
-
-
-@dataclass
-class StepEvent:
-    """One verification step: what was committed and what it cost."""
-
-    tokens: list[int]
-    text: str
-    drafted: int
-    accepted: int
-    draft_s: float
-    verify_s: float
-    sources: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,6 +99,22 @@ class GenerationStats:
         ):
             d[k] = getattr(self, k)
         return d
+
+
+@dataclass
+class StepEvent:
+    """One verification step: what was committed and what it cost."""
+
+    tokens: list[int]
+    text: str
+    drafted: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+    sources: dict[str, int] = field(default_factory=dict)
+    #: the generation's running totals: one object for all its events, final once the
+    #: generation is over (results are carried here, not kept on the decoder)
+    stats: GenerationStats = field(default_factory=GenerationStats)
 
 
 @dataclass
@@ -218,10 +221,9 @@ class Generation:
         # any integer is a seed (OpenAI's API allows negative ones); numpy takes non-negative
         self.rng = np.random.default_rng(cfg.seed if cfg.seed >= 0 else cfg.seed % 2**64)
         self.stats = GenerationStats(prompt_tokens=len(prompt))
-        dec.last_stats = self.stats
         self.commit_ = Commit(target.tokenizer, cfg, self.stats)
         self.t_start = time.perf_counter()
-        self.tail = dec._prefill(prompt, cfg.fuse_prefill)
+        self.tail, self.stats.prefill_forwards = dec._prefill(prompt, cfg.fuse_prefill)
         self.stats.prefill_s = time.perf_counter() - self.t_start
         self.context = list(prompt)
         self.pending = prompt[-1]
@@ -314,7 +316,9 @@ class Generation:
             self._finish()
         else:
             self.pending = new[-1]
-        return StepEvent(committed, delta, len(tree), len(accepted_nodes), t1 - t0, t2 - t1, sources)
+        return StepEvent(
+            committed, delta, len(tree), len(accepted_nodes), t1 - t0, t2 - t1, sources, stats=stats
+        )
 
     def _finish(self) -> None:
         self.done = True
@@ -343,7 +347,6 @@ class SpeculativeDecoder:
         self.knowledge = knowledge if drafter is not None else None
         self._knowledge_loaded = False
         self.state: BackendState = target.new_state()
-        self.last_stats = GenerationStats()
         self._gen: Generation | None = None
         # the target's cost curve at the drafter's ``target_threads`` (it differs from the usual
         # one), and the threads and cost model to restore after a generation
@@ -356,8 +359,9 @@ class SpeculativeDecoder:
             self.drafter.close()
 
     # ------------------------------------------------------------------------------------
-    def _prefill(self, prompt: list[int], fuse_max: int) -> list[int]:
-        """Make the cache hold ``prompt[:-1]``, reusing whatever prefix it already holds.
+    def _prefill(self, prompt: list[int], fuse_max: int) -> tuple[list[int], int]:
+        """Make the cache hold ``prompt[:-1]``, reusing whatever prefix it already holds;
+        returns the tail left to evaluate and the target passes spent here (0 or 1).
 
         A short uncached tail (at most ``fuse_max`` tokens) is not evaluated here but returned,
         to ride along in the first verification pass: a streaming session whose prompt grew
@@ -367,10 +371,9 @@ class SpeculativeDecoder:
         self.target.truncate(self.state, keep)
         tail = prompt[keep:-1]
         if len(tail) <= fuse_max:
-            return tail
+            return tail, 0
         self.target.extend(self.state, tail, last_only=True)
-        self.last_stats.prefill_forwards = 1
-        return []
+        return [], 1
 
     def prefill(self, prompt_ids: Sequence[int]) -> None:
         """Make the cache hold ``prompt_ids[:-1]`` now (reusing its common prefix), so a later
@@ -420,14 +423,16 @@ class SpeculativeDecoder:
 
     def generate(
         self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
-    ) -> Iterator[StepEvent]:
-        """Yield one ``StepEvent`` per verification; ``self.last_stats`` holds the totals."""
+    ) -> Generator[StepEvent, None, GenerationResult]:
+        """Yield one ``StepEvent`` per verification (each carries the running ``stats``);
+        the generator returns the ``GenerationResult``."""
         gen = self.start(prompt_ids, config)
         try:
             while (p := gen.next_pass()) is not None:
                 yield gen.commit(self.target.extend(p.state, p.tokens, p.parents))
         finally:
             self.end(gen)
+        return gen.result
 
     @property
     def last_token_ids(self) -> list[int]:
@@ -441,10 +446,16 @@ class SpeculativeDecoder:
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         """Generate to completion and return ids, text and stats."""
-        for _ in self.generate(prompt_ids, config):
-            pass
-        assert self._gen is not None
-        return self._gen.result
+        return drain(self.generate(prompt_ids, config))
+
+
+def drain(steps: Generator[StepEvent, None, GenerationResult]) -> GenerationResult:
+    """Run a ``generate`` generator to its end and return its ``GenerationResult``."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def make_decoder(

@@ -172,9 +172,14 @@ class ChatEngine:
         if not isinstance(dec, SpeculativeDecoder):  # a remote engine runs its own loop
             steps = dec.generate(ids, cfg)
             try:
-                for ev in steps:
+                while True:
+                    try:
+                        ev = next(steps)
+                    except StopIteration as done:  # the generator returns the result
+                        result = done.value
+                        break
                     yield ChatDelta(ev.text, len(ev.tokens), ev.drafted, ev.accepted)
-                yield ChatDone(dec.last_stats)
+                yield ChatDone(result.stats)
             finally:
                 steps.close()  # the drafter's end() before the state goes
                 dec.close()
