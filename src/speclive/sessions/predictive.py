@@ -386,7 +386,8 @@ class PredictiveResponder:
         return (self._synth_per_char or 0.0) * len(sentence)
 
     # ---- the session protocol ------------------------------------------------------------
-    #: ``update`` takes a ``deadline`` (``simulate_user`` passes the next word's arrival)
+    #: ``update`` takes a ``deadline`` (``simulate_user`` passes the next word's arrival;
+    #: ``sessions.simulate.StreamingSession``)
     supports_deadline = True
 
     def update(
