@@ -1,9 +1,9 @@
-"""Drafter protocol and the adaptive draft-length controller every drafter uses.
+"""Drafter protocol and the adaptive draft-length controller the drafters are handed.
 
 A drafter proposes a ``DraftTree`` continuing the committed context; the decoder verifies it
-and reports back how much was accepted. Shape borrowed from transformers' candidate
-generators (``get_candidates`` / ``update_candidate_strategy``), reduced to what a tree
-verifier needs.
+and reports back how much was accepted (``StepFeedback``). Shape borrowed from transformers'
+candidate generators (``get_candidates`` / ``update_candidate_strategy``), reduced to what a
+tree verifier needs, plus the start and end of a generation.
 
 ``AdaptiveLength`` makes drafting pay on a compute-bound CPU: it keeps an estimate of the
 per-token acceptance rate α and reads the target's measured verification-cost curve
