@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from speclive.backends.base import Backend, BackendState
-from speclive.decoder import GenerationConfig, SpeculativeDecoder
+from speclive.decoder import GenerationConfig, SpeculativeDecoder, drain
 from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError, ContextOverflowError
@@ -101,8 +101,9 @@ def _generate(drafter_k: int | None, cfg: GenerationConfig, n_ctx: int = 4096):
     lm = TextLM(n_ctx=n_ctx)
     drafter = PerfectDrafter(lm.data, drafter_k) if drafter_k else None
     dec = SpeculativeDecoder(lm, drafter)
-    events = list(dec.generate(PROMPT, cfg))
-    return [ev.text for ev in events], dec.last_token_ids, events[-1].stats, dec.last_text
+    events: list = []
+    res = drain(dec.generate(PROMPT, cfg), events)
+    return [ev.text for ev in events], res.token_ids, res.stats, res.text
 
 
 @pytest.mark.parametrize("k", [None, 3, 16])

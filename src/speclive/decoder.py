@@ -347,7 +347,6 @@ class SpeculativeDecoder:
         self.knowledge = knowledge if drafter is not None else None
         self._knowledge_loaded = False
         self.state: BackendState = target.new_state()
-        self._gen: Generation | None = None
         # the target's cost curve at the drafter's ``target_threads`` (it differs from the usual
         # one), and the threads and cost model to restore after a generation
         self._drafting_cost: CostModel | None = None
@@ -390,8 +389,7 @@ class SpeculativeDecoder:
     def start(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> Generation:
         """A new generation on this decoder's state, to be stepped by the caller (see
         ``Generation``); ``end(gen)`` when it is over or abandoned."""
-        self._gen = Generation(self, prompt_ids, config)
-        return self._gen
+        return Generation(self, prompt_ids, config)
 
     def _set_target_threads(self) -> None:
         """Before drafting: run the target on the threads the drafter declares
@@ -434,28 +432,23 @@ class SpeculativeDecoder:
             self.end(gen)
         return gen.result
 
-    @property
-    def last_token_ids(self) -> list[int]:
-        """Token ids committed by the last (or running) generation."""
-        return list(self._gen.commit_.out) if self._gen is not None else []
-
-    @property
-    def last_text(self) -> str:
-        """The output text of the last (or running) generation (cut at a stop string)."""
-        return self._gen.commit_.full if self._gen is not None else ""
-
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         """Generate to completion and return ids, text and stats."""
         return drain(self.generate(prompt_ids, config))
 
 
-def drain(steps: Generator[StepEvent, None, GenerationResult]) -> GenerationResult:
-    """Run a ``generate`` generator to its end and return its ``GenerationResult``."""
+def drain(
+    steps: Generator[StepEvent, None, GenerationResult], events: list[StepEvent] | None = None
+) -> GenerationResult:
+    """Run a ``generate`` generator to its end and return its ``GenerationResult`` (the
+    events it yields are appended to ``events`` when given)."""
     while True:
         try:
-            next(steps)
+            ev = next(steps)
         except StopIteration as done:
             return done.value
+        if events is not None:
+            events.append(ev)
 
 
 def make_decoder(

@@ -89,14 +89,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     spec = SpeculativeDecoder(target, drafter)
     s = GenerationStats()
+    out_ids: list[int] = []
     for ev in spec.generate(ids, cfg):
         s = ev.stats
+        out_ids += ev.tokens
         if ev.accepted and color:
             sys.stdout.write(f"{GREEN}{ev.text}{RESET}")
         else:
             sys.stdout.write(ev.text)
         sys.stdout.flush()
-    out_ids = spec.last_token_ids
     spec.close()
 
     r = ref.stats

@@ -385,7 +385,6 @@ class VLLMDecoder:
         self.drafter = drafter
         self.rule = rule
         self.replica = engine.acquire()
-        self._out: list[int] = []
         self._closed = False
 
     def close(self) -> None:
@@ -430,7 +429,6 @@ class VLLMDecoder:
         stats = GenerationStats(prompt_tokens=len(prompt))
         commit = Commit(tok, cfg, stats)
         out = commit.out
-        self._out = out
         t_start = time.perf_counter()
 
         draft, sources = self._draft(prompt, cfg)
@@ -503,10 +501,6 @@ class VLLMDecoder:
         draft = list(d.history[:budget])  # type: ignore[attr-defined]
         forced = min(d.forced, len(draft))  # type: ignore[attr-defined]
         return draft, ["forced"] * forced + ["history"] * (len(draft) - forced)
-
-    @property
-    def last_token_ids(self) -> list[int]:
-        return list(self._out)
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         return drain(self.generate(prompt_ids, config))
