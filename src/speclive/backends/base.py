@@ -17,10 +17,13 @@ offers exactly five cache operations:
 - ``release(state)``: free what the state holds.
 
 Optional features are declared on the class, not probed: ``max_tree_branches`` (a limit on
-the leaves of one tree extension, None for none) and ``settable_threads`` (``set_threads``
-changes the CPU threads it computes with, ``n_threads``). ``in_process`` tells a backend from
-a remote engine that sessions take in its place (``speclive.engines.vllm.VLLMEngine`` declares
-it False and brings its own decode loop, ``make_decoder``).
+the leaves of one tree extension, None for none), ``settable_threads`` (``set_threads``
+changes the CPU threads it computes with, ``n_threads``), ``max_states`` (states that hold a
+cache at once before one is evicted, None for no limit; ``restore_evicted`` prefills an
+evicted state again on its next use) and ``reserve_kv`` (take the cache memory now).
+``in_process`` tells a backend from a remote engine that sessions take in its place
+(``speclive.engines.vllm.VLLMEngine`` declares it False and brings its own decode loop,
+``make_decoder``).
 
 ``state.tokens`` always lists the committed cache content (a pending tree is not in it).
 A conformance suite (``tests/test_backend_conformance.py``) checks every backend against
@@ -164,6 +167,11 @@ class Backend(ABC):
     settable_threads: bool = False
     #: CPU threads it computes with (None: not a setting of this backend)
     n_threads: int | None = None
+    #: states that can hold a cache at once; more evict each other (None: no limit)
+    max_states: int | None = None
+    #: an evicted state is prefilled again on its next use instead of failing it (where
+    #: ``max_states`` is set)
+    restore_evicted: bool = False
 
     def __init__(self) -> None:
         self.cost = CostModel(self.default_cost_prior())
@@ -198,6 +206,10 @@ class Backend(ABC):
     def set_threads(self, n_threads: int) -> None:
         """Compute with ``n_threads`` CPU threads (only where ``settable_threads``)."""
         raise NotImplementedError(f"the {self.kind} backend has no thread setting")
+
+    def reserve_kv(self) -> None:
+        """Take the cache's memory now, where a backend would otherwise take it as states fill
+        (a server's memory use is then known at start-up); nothing to do by default."""
 
     # ---- shared checks around the backend-specific parts ----------------------------
     def extend(
