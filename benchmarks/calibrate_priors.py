@@ -57,7 +57,7 @@ def copy_runs(prompt: list[int], ref: list[int], buckets=BUCKETS, depth: int = D
     """(source, bucket, run length, censor depth) at every output position with a match."""
     d = NgramDrafter(min_n=2, max_match=32, buckets=buckets[:-1] if buckets[-1] > 32 else buckets)
     ctx = list(prompt)
-    d.begin(ctx)
+    d._reset(ctx)
     out = []
     for i in range(len(ref)):
         d._sync(ctx)

@@ -24,6 +24,7 @@ import sys
 
 from speclive.backends.base import CostModel
 from speclive.bench.prompts import load_prompts
+from speclive.drafting.base import StepFeedback
 from speclive.drafting.ngram import NgramDrafter
 from speclive.drafting.priors import cost_curve
 from speclive.drafting.suffix import SuffixConfig, SuffixDrafter, load_datastore
@@ -32,7 +33,7 @@ from speclive.models.resolve import resolve
 
 
 class CurveTarget:
-    """What a drafter's ``bind`` reads: the measured cost curve (interpolated between rows)."""
+    """What a drafter's ``start`` reads: the measured cost curve (interpolated between rows)."""
 
     kind = "llamacpp"
     max_tree_branches = 16
@@ -61,9 +62,8 @@ def replay(d, target: CurveTarget, prompt: list[int], ref: list[int], timing: Cu
     """Oracle decoding of ``ref``; step times from ``timing`` (default ``target``). When they
     differ, ``target``'s cost model learns each step's time as a backend's would."""
     timing = timing or target
-    d.bind(target)
     ctx = list(prompt)
-    d.begin(ctx)
+    d.start(target, ctx)
     out: list[int] = []
     steps, secs = [], 0.0
     while len(out) < len(ref):
@@ -77,8 +77,7 @@ def replay(d, target: CurveTarget, prompt: list[int], ref: list[int], timing: Cu
         if timing is not target:
             target.cost.observe(n + 1, dt)
         if n:
-            d.feedback(tree, acc, new[-1])
-            d.observe_step(tree.max_depth(), dt, len(new))
+            d.feedback(StepFeedback(tree, acc, new[-1], dt, len(new)))
         steps.append((n, len(acc)))
         out += new
         ctx += new

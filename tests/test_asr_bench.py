@@ -86,7 +86,7 @@ def test_cost_stop_shortens_the_trunk_when_verification_rows_are_expensive():
     def trunk(cost_stop: bool, prior: dict[int, float], spike: bool = False) -> int:
         cfg = SpecASRConfig(max_len=20, threshold=0.0, adaptive=False, cost_stop=cost_stop)
         d = SpecASRDrafter(b.shallow(2), cfg)
-        d.bind(b)
+        d.start(b, ctx)
         b.cost = CostModel(prior)  # the target's verification cost curve the drafter reads
         if spike:  # one 2-row pass measured 100x a step (a load spike) must not stop drafting
             b.cost.observe(1, 0.01)

@@ -36,13 +36,14 @@ class MarkovLM(Backend):
     """next(prev2, prev1) = (3*prev2 + 5*prev1 + 1) % V, unless ``wrong`` says otherwise."""
 
     kind = "fake"
+    settable_threads = True
+    n_threads = 2
 
     def __init__(self, name: str, sleep: float, wrong: int | None = None):
         self.name, self.sleep, self.wrong = name, sleep, wrong
         self.tokenizer = _Tok()
         self.vocab_size = V
         self.n_ctx = 4096
-        self.n_threads = 2
         self.calls: list[int] = []  # the length of every extension
         super().__init__()
 
@@ -119,3 +120,19 @@ def test_sync_hybrid_always_model_matches_ar():
     res = SpeculativeDecoder(target, d).run(prompt, GenerationConfig(max_tokens=60, ignore_eos=True))
     assert res.token_ids == ref
     assert res.stats.accepted_by_source.get("model", 0) > 0
+
+
+def test_the_decoder_applies_the_declared_target_threads_and_restores_them():
+    """The drafter declares ``target_threads``; the decoder sets them (with the cost curve of
+    that thread count) for the generation and restores both; the drafter sets its draft's."""
+    target = MarkovLM("target", sleep=0.0)
+    draft = MarkovLM("draft", sleep=0.0, wrong=7)
+    cost = target.cost
+    d = AsyncHybridDrafter(draft, None, HybridConfig(model_max_len=4))
+    assert d.target_threads == 1
+    dec = SpeculativeDecoder(target, d)
+    cfg = GenerationConfig(max_tokens=12, ignore_eos=True)
+    during = {(target.n_threads, target.cost is cost, draft.n_threads) for _ in dec.generate([3, 9, 4], cfg)}
+    d.close()
+    assert during == {(1, False, 1)}
+    assert (target.n_threads, target.cost, draft.n_threads) == (2, cost, 2)

@@ -61,11 +61,10 @@ def test_catch_up_after_a_pause_is_one_batched_pass():
     target = MarkovLM("target", sleep=0.002)
     draft = MarkovLM("cheap-draft", sleep=0.0002)
     d = ModelDrafter(draft, window=None)
-    d.bind(target)
     for k in range(1, 17):
         target.cost.observe(k, 0.002)  # a flat verification cost: drafting pays
     ctx = list(PROMPT)
-    d.begin(ctx)
+    d.start(target, ctx)
     assert len(d.propose(ctx, 8)) > 0  # gate open, first sync prefills the prompt in one pass
     assert max(draft.calls) == len(PROMPT)
     # drafting is off for a while (the controller switched it off); 30 tokens are committed
@@ -117,7 +116,7 @@ class T:  # the parent's target as the store sees it (name, kind, threads)
         self.cost = CostModel()
 
 t, d = T(), NgramDrafter()
-d.bind(t)
+d.start(t, [])
 store = KnowledgeStore(t, d, "ngram", directory=sys.argv[1])
 print(json.dumps({"loaded": store.load(), "drafter": d.knowledge(), "cost": t.cost.state()}))
 """

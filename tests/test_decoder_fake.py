@@ -23,8 +23,8 @@ from context_lm import ASSISTANT, EOS, USER, ContextLM, V, reference_greedy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from speclive.decoder import GenerationConfig, SpeculativeDecoder
-from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.decoder import GenerationConfig, SpeculativeDecoder, drain
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.tree import DraftTree
 from speclive.sessions.retranslate import ReTranslator
 
@@ -39,7 +39,7 @@ class RandomTreeDrafter(Drafter):
     name = "random-tree"
 
     def __init__(self, seed: int, p_wrong: float, depth: int, oversize: bool):
-        super().__init__(AdaptiveConfig(fixed=True))
+        super().__init__(AdaptiveLength(AdaptiveConfig(fixed=True)))
         self.rng = np.random.default_rng(seed)
         self.p_wrong, self.depth, self.oversize = p_wrong, depth, oversize
         self.proposed = 0
@@ -72,8 +72,10 @@ prompts = st.lists(st.integers(min_value=0, max_value=V - 1), min_size=1, max_si
 
 
 def _check_run(lm, dec, prompt, cfg, ref):
-    events = list(dec.generate(prompt, cfg))
-    ids, stats = dec.last_token_ids, dec.last_stats
+    events: list = []
+    res = drain(dec.generate(prompt, cfg), events)
+    ids, stats = res.token_ids, res.stats
+    assert events[-1].stats is stats  # the events carry the result's totals
     assert ids == ref
     assert [t for e in events for t in e.tokens] == ids
     assert stats.new_tokens == len(ids) and stats.target_forwards == len(events)
@@ -85,7 +87,7 @@ def _check_run(lm, dec, prompt, cfg, ref):
     # the fake's own cache rows agree with the committed tokens (no pending tree left)
     assert dec.state.pending is None
     assert len(dec.state.rows) == len(dec.state.tokens) and dec.state.seen == dec.state.tokens
-    return stats
+    return res
 
 
 @SETTINGS
@@ -110,7 +112,7 @@ def test_any_tree_gives_the_greedy_reference(
         max_tokens=max_tokens, max_draft_nodes=max_nodes, fuse_prefill=fuse, ignore_eos=ignore_eos
     )
     ref = reference_greedy(prompt, max_tokens, eos=not ignore_eos)
-    stats = _check_run(lm, dec, prompt, cfg, ref)
+    stats = _check_run(lm, dec, prompt, cfg, ref).stats
     if stats.finish_reason == "length" and max_tokens > 1:
         assert d.proposed > 0
 
@@ -124,7 +126,7 @@ def test_the_context_window_ends_a_run_at_the_same_token(prompt, n_ctx, depth, s
     dec = SpeculativeDecoder(lm, RandomTreeDrafter(seed, 0.3, depth, oversize=True))
     cfg = GenerationConfig(max_tokens=60, ignore_eos=True)
     ref = reference_greedy(prompt, 60, eos=False, n_ctx=n_ctx)
-    stats = _check_run(lm, dec, prompt, cfg, ref)
+    stats = _check_run(lm, dec, prompt, cfg, ref).stats
     assert stats.finish_reason == ("length" if len(ref) == 60 else "context")
     assert len(dec.state.tokens) <= n_ctx
 
@@ -146,8 +148,7 @@ def test_one_decoder_across_edited_prompts(prompt, edits, fuse, seed):
     for keep, extra in edits:
         cur = (cur[: max(1, keep)] + (extra or last_out))[:60] or [5]
         before = lm.forward_calls
-        _check_run(lm, dec, cur, cfg, reference_greedy(cur, 12, eos=False))
-        last_out = dec.last_token_ids
+        last_out = _check_run(lm, dec, cur, cfg, reference_greedy(cur, 12, eos=False)).token_ids
         assert lm.forward_calls > before
     dec.prefill(cur + [7, 8])  # a prefill alone leaves the cache at the prompt minus its last token
     assert dec.state.tokens == cur + [7]

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from speclive.backends.base import Backend, BackendState
-from speclive.decoder import GenerationConfig, SpeculativeDecoder
-from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.decoder import GenerationConfig, SpeculativeDecoder, drain
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError, ContextOverflowError
 
@@ -82,7 +82,7 @@ class PerfectDrafter(Drafter):
     name = "perfect"
 
     def __init__(self, data: bytes, k: int):
-        super().__init__(AdaptiveConfig(fixed=True, max_len=k))
+        super().__init__(AdaptiveLength(AdaptiveConfig(fixed=True, max_len=k)))
         self.data, self.k = data, k
 
     def propose(self, context, budget):
@@ -101,8 +101,9 @@ def _generate(drafter_k: int | None, cfg: GenerationConfig, n_ctx: int = 4096):
     lm = TextLM(n_ctx=n_ctx)
     drafter = PerfectDrafter(lm.data, drafter_k) if drafter_k else None
     dec = SpeculativeDecoder(lm, drafter)
-    deltas = [ev.text for ev in dec.generate(PROMPT, cfg)]
-    return deltas, dec.last_token_ids, dec.last_stats, dec.last_text
+    events: list = []
+    res = drain(dec.generate(PROMPT, cfg), events)
+    return [ev.text for ev in events], res.token_ids, res.stats, res.text
 
 
 @pytest.mark.parametrize("k", [None, 3, 16])

@@ -29,7 +29,7 @@ from prompts import ALL
 from speclive.backends.base import NEAR_TIE_GAP
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
 from speclive.decoder import greedy_reference as decoder_greedy_reference
-from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.crossvocab import CrossVocabDrafter
 from speclive.drafting.model import ModelDrafter
 from speclive.drafting.ngram import NgramDrafter
@@ -70,17 +70,18 @@ class NoisyTreeDrafter(Drafter):
     name = "noisy-tree"
 
     def __init__(self, continuation: Sequence[int], vocab: int, seed: int = 0):
-        super().__init__(AdaptiveConfig(fixed=True))
+        super().__init__(AdaptiveLength(AdaptiveConfig(fixed=True)))
         self.ref = list(continuation)
         self.vocab = vocab
         self.rng = np.random.default_rng(seed)
-        self.start = 0
+        self.prompt_len = 0
 
-    def begin(self, context):
-        self.start = len(context)
+    def start(self, target, context):
+        super().start(target, context)
+        self.prompt_len = len(context)
 
     def propose(self, context, budget):
-        done = len(context) - self.start
+        done = len(context) - self.prompt_len
         truth = self.ref[done : done + 6]
         tree = DraftTree()
         parent = -1
@@ -110,11 +111,13 @@ def _drafters(backend, continuation, names):
         # gate (min_gain 1.03) rightly never drafts (nor probes); no bar keeps the adaptive
         # length, confidence truncation and re-tokenization under this identity test
         "model-adaptive": lambda: ModelDrafter(
-            backend, threshold=0.4, adaptive=AdaptiveConfig(max_len=24, prior_alpha=0.7, min_gain=0.0)
+            backend,
+            threshold=0.4,
+            adaptive=AdaptiveLength(AdaptiveConfig(max_len=24, prior_alpha=0.7, min_gain=0.0)),
         ),
         "model-fixed4": lambda: ModelDrafter(backend, fixed_len=4),
         "crossvocab": lambda: CrossVocabDrafter(
-            backend, adaptive=AdaptiveConfig(max_len=16, prior_alpha=0.6, min_gain=0.0)
+            backend, adaptive=AdaptiveLength(AdaptiveConfig(max_len=16, prior_alpha=0.6, min_gain=0.0))
         ),
         "noisy-tree": lambda: NoisyTreeDrafter(continuation, backend.vocab_size),
     }
@@ -189,6 +192,6 @@ def test_sampling_with_drafter_runs_and_is_seeded(hf_smol, temperature):
     # a fixed draft schedule: adaptive lengths follow measured timings, and a different draft
     # length consumes the sampling RNG differently (still a valid sample, not the same one)
     fixed = AdaptiveConfig(fixed=True, max_len=4)
-    a = SpeculativeDecoder(hf_smol, NgramDrafter(adaptive=fixed)).run(prompt, cfg)
-    b = SpeculativeDecoder(hf_smol, NgramDrafter(adaptive=fixed)).run(prompt, cfg)
+    a = SpeculativeDecoder(hf_smol, NgramDrafter(adaptive=AdaptiveLength(fixed))).run(prompt, cfg)
+    b = SpeculativeDecoder(hf_smol, NgramDrafter(adaptive=AdaptiveLength(fixed))).run(prompt, cfg)
     assert a.token_ids == b.token_ids and 0 < len(a.token_ids) <= 16

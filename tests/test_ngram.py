@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 from speclive.backends.base import CostModel
-from speclive.drafting.base import AdaptiveConfig
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, StepFeedback
 from speclive.drafting.ngram import NgramDrafter
 
 
 class _Target:
     """Only what a drafter reads from its target: the verification-cost curve (flat here)."""
 
-    def __init__(self, ratio: float = 1.0):
-        self.cost = CostModel({1: 1.0, 64: ratio})
+    def __init__(self, ratio: float = 1.0, cost: CostModel | None = None):
+        self.cost = cost or CostModel({1: 1.0, 64: ratio})
 
 
 def test_longest_match_beats_latest_short_match():
     d = NgramDrafter()
-    d.bind(_Target())
     #             long passage 1 2 3 4 5 -> 6 ;  later the short 4 5 -> 9
     ctx = [1, 2, 3, 4, 5, 6, 7, 0, 4, 5, 9, 8, 0, 1, 2, 3, 4, 5]
-    d.begin(ctx)
+    d.start(_Target(), ctx)
     m, start = d.match()
     assert m == 5 and ctx[start] == 6  # the 5-token match wins over the later 2-token one
     assert d.lookup(3) == [6, 7, 0]
@@ -27,8 +26,7 @@ def test_longest_match_beats_latest_short_match():
 
 def test_no_match_no_draft_and_rebuild_on_rewrite():
     d = NgramDrafter()
-    d.bind(_Target())
-    d.begin([1, 2, 3])
+    d.start(_Target(), [1, 2, 3])
     assert len(d.propose([1, 2, 3], 8)) == 0
     # a rewritten context (not an extension) rebuilds the index
     tree = d.propose([5, 6, 7, 8, 5, 6, 7], 8)
@@ -36,8 +34,8 @@ def test_no_match_no_draft_and_rebuild_on_rewrite():
 
 
 def test_buckets_learn_separately():
-    d = NgramDrafter(adaptive=AdaptiveConfig(max_len=8))
-    d.bind(_Target(ratio=1.0))  # free verification: any positive acceptance pays
+    d = NgramDrafter(adaptive=AdaptiveLength(AdaptiveConfig(max_len=8)))
+    d.start(_Target(ratio=1.0), [])  # free verification: any positive acceptance pays
     long_b, short_b = d.by_bucket[16], d.by_bucket[2]
     for _ in range(20):
         long_b.update(8, 8)
@@ -46,10 +44,12 @@ def test_buckets_learn_separately():
     assert short_b.alpha < 0.05 and long_b.alpha > 0.95
 
 
-def _oracle_decode(d: NgramDrafter, prompt: list[int], truth: list[int]) -> list[tuple[int, int]]:
+def _oracle_decode(
+    d: NgramDrafter, target: _Target, prompt: list[int], truth: list[int]
+) -> list[tuple[int, int]]:
     """Greedy oracle decoding of ``truth`` after ``prompt``: (drafted, accepted) per step."""
     ctx = list(prompt)
-    d.begin(ctx)
+    d.start(target, ctx)
     steps = []
     pos = 0
     while pos < len(truth):
@@ -57,7 +57,7 @@ def _oracle_decode(d: NgramDrafter, prompt: list[int], truth: list[int]) -> list
         path = tree.follow(truth[pos:])
         new = [tree.tokens[i] for i in path] + [truth[pos + len(path)]]
         if len(tree):
-            d.feedback(tree, path, new[-1])
+            d.feedback(StepFeedback(tree, path, new[-1]))
         steps.append((len(tree), len(path)))
         ctx += new
         pos += len(new)
@@ -74,10 +74,8 @@ def test_cold_drafter_copies_a_long_prompt_passage_in_few_long_drafts():
     # the answer starts with 16 tokens of the passage (cold: short drafts are fine while the
     # match is short), then copies the rest of it
     d = NgramDrafter()
-    d.bind(_Target())
-    for a in [*d.by_bucket.values(), *d.output_buckets.values()]:
-        a.target_cost = CostModel(cost_curve())  # a cold llama.cpp target: the prior curve only
-    steps = _oracle_decode(d, prompt, passage + [7, 8, 9])
+    cold = _Target(cost=CostModel(cost_curve()))  # a cold llama.cpp target: the prior curve only
+    steps = _oracle_decode(d, cold, prompt, passage + [7, 8, 9])
     # the first long draft comes as soon as the match reaches 8+ tokens (no growth 3, 4, 6, ...)
     first_long = next(i for i, s in enumerate(steps) if s[0] >= 12)
     assert sum(a + 1 for _, a in steps[:first_long]) <= 12, steps
@@ -87,15 +85,14 @@ def test_cold_drafter_copies_a_long_prompt_passage_in_few_long_drafts():
 
 def test_output_self_matches_have_their_own_controllers():
     d = NgramDrafter()
-    d.bind(_Target())
     prompt = [50, 51, 52]
-    d.begin(prompt)
+    d.start(_Target(), prompt)
     # the answer repeats a phrase of its own: the match lies in the output, not the prompt
     ctx = prompt + [1, 2, 3, 4, 5, 9, 1, 2, 3, 4]
     tree = d.propose(ctx, 16)
     assert d.last_match >= 4
     if len(tree):
-        d.feedback(tree, [], 0)
+        d.feedback(StepFeedback(tree, [], 0))
     out_ctl = d.output_buckets[4]
     assert d._last_ctl is out_ctl and d.by_bucket[4] is not out_ctl
     # the calibrated prior trusts a copy of the prompt far more than a repetition of the output

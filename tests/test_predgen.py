@@ -72,6 +72,8 @@ def test_word_arrivals_at_600_cpm():
 class _Recorder:
     """Only the session protocol; each update costs real time, to check the clock."""
 
+    supports_deadline = False
+
     def __init__(self, cost_s: float):
         self.cost, self.calls = cost_s, []
 

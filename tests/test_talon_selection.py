@@ -18,7 +18,7 @@ from test_async_fake import MarkovLM, _ar
 
 from speclive.backends.base import CostModel
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
-from speclive.drafting.base import AdaptiveConfig, AdaptiveLength
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, StepFeedback
 from speclive.drafting.crossvocab import CrossVocabDrafter
 from speclive.drafting.hybrid import HybridConfig, HybridDrafter
 from speclive.drafting.model import ModelDrafter, catch_up_cost
@@ -34,7 +34,7 @@ CPU_CURVE = {
 
 
 class CurveTarget:
-    """Just what a drafter's ``bind`` reads: a measured cost curve."""
+    """Just what a drafter's ``start`` reads: a measured cost curve."""
 
     name = "curve"
     kind = "fake"
@@ -58,14 +58,13 @@ def _trained(
     truth = passage[20:] if truth_ok else [1] * 40
     # the context does not grow here, so free probes (resolved by committed tokens) never would
     d = SuffixDrafter(None, SuffixConfig(depth=16, copy_chain=copy_chain, free_probes=free_probes))
-    d.bind(CurveTarget())  # type: ignore[arg-type]
-    d.begin(ctx)
+    d.start(CurveTarget(), ctx)  # type: ignore[arg-type]
     drafted = 0
     for _ in range(rounds):
         tree = d.propose(ctx, 64)
         drafted += len(tree) > 0
         if len(tree):
-            d.feedback(tree, _accepted_path(tree, truth), truth[0])
+            d.feedback(StepFeedback(tree, _accepted_path(tree, truth), truth[0]))
     d.drafted_steps = drafted  # type: ignore[attr-defined]
     return d, ctx
 
@@ -95,16 +94,15 @@ def _scripted(free: bool, fail_steps: int, copy_steps: int = 0):
     passage = list(range(500, 600))
     stream = [t for i in range(fail_steps) for t in (1, 2, 100 + i)] + passage + [3] * 64
     d = SuffixDrafter(None, SuffixConfig(depth=16, free_probes=free))
-    d.bind(CurveTarget())  # type: ignore[arg-type]
     ctx = [7, 8, *passage, 9]
-    d.begin(ctx)
+    d.start(CurveTarget(), ctx)  # type: ignore[arg-type]
     pos = 0
     while pos < 3 * fail_steps + copy_steps:
         tree = d.propose(ctx, 64)
         path = _accepted_path(tree, stream[pos : pos + 40])
         new = [tree.tokens[i] for i in path] + [stream[pos + len(path)]]
         if len(tree):
-            d.feedback(tree, path, new[-1])
+            d.feedback(StepFeedback(tree, path, new[-1]))
         ctx += new
         pos += len(new)
         # a free probe is resolved by the next ``propose``; resolving it here, where a paid
@@ -212,9 +210,8 @@ def _hybrid_model_runs(draft_step_s: float, context_len: int, calls: int = 300) 
     target.cost = CurveTarget().cost
     draft.cost.observe(1, draft_step_s)
     h = HybridDrafter(draft, None, HybridConfig(window=None))
-    h.bind(target)
     ctx = [i % 40 for i in range(context_len)]
-    h.begin(ctx)
+    h.start(target, ctx)
     return sum(h.model_length(1.0, ctx) > 0 for _ in range(calls))
 
 

@@ -14,15 +14,15 @@ newest one (``pending``), whose logits are produced as row 0 of the next verific
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from speclive.acceptance import AcceptanceRule, GreedyRule, SpeculativeSamplingRule
-from speclive.backends.base import Backend, BackendState, common_prefix_len
-from speclive.drafting.base import Drafter
+from speclive.backends.base import Backend, BackendState, CostModel, common_prefix_len
+from speclive.drafting.base import Drafter, StepFeedback
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError, ContextOverflowError
 
@@ -46,19 +46,6 @@ class GenerationConfig:
     ignore_eos: bool = False
     #: an uncached prompt tail up to this long is evaluated in the first verification pass
     fuse_prefill: int = 32
-
-
-@dataclass
-class StepEvent:
-    """One verification step: what was committed and what it cost."""
-
-    tokens: list[int]
-    text: str
-    drafted: int
-    accepted: int
-    draft_s: float
-    verify_s: float
-    sources: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,6 +99,22 @@ class GenerationStats:
         ):
             d[k] = getattr(self, k)
         return d
+
+
+@dataclass
+class StepEvent:
+    """One verification step: what was committed and what it cost."""
+
+    tokens: list[int]
+    text: str
+    drafted: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+    sources: dict[str, int] = field(default_factory=dict)
+    #: the generation's running totals: one object for all its events, final once the
+    #: generation is over (results are carried here, not kept on the decoder)
+    stats: GenerationStats = field(default_factory=GenerationStats)
 
 
 @dataclass
@@ -218,21 +221,20 @@ class Generation:
         # any integer is a seed (OpenAI's API allows negative ones); numpy takes non-negative
         self.rng = np.random.default_rng(cfg.seed if cfg.seed >= 0 else cfg.seed % 2**64)
         self.stats = GenerationStats(prompt_tokens=len(prompt))
-        dec.last_stats = self.stats
         self.commit_ = Commit(target.tokenizer, cfg, self.stats)
         self.t_start = time.perf_counter()
-        self.tail = dec._prefill(prompt, cfg.fuse_prefill)
+        self.tail, self.stats.prefill_forwards = dec._prefill(prompt, cfg.fuse_prefill)
         self.stats.prefill_s = time.perf_counter() - self.t_start
         self.context = list(prompt)
         self.pending = prompt[-1]
         self.done = False
         self._step: tuple[DraftTree, list[int], list[int], float, float, int, int] | None = None
         if self.drafter is not None:
-            self.drafter.bind(target)
+            dec._set_target_threads()
             if dec.knowledge is not None and not dec._knowledge_loaded:
                 dec._knowledge_loaded = True
                 dec.knowledge.load()
-            self.drafter.begin(self.context)
+            self.drafter.start(target, self.context)
 
     def next_pass(self) -> VerifyPass | None:
         """Draft the next step; the target pass it needs, or None when the generation is over."""
@@ -289,9 +291,9 @@ class Generation:
         accepted_nodes = [i - 1 for i in verdict.path[1:]]
         new = [tree.tokens[i] for i in accepted_nodes] + [verdict.bonus]
         if self.drafter is not None and len(tree):
-            self.drafter.feedback(tree, accepted_nodes, verdict.bonus)
-            if not t:  # a step that also carried the prompt tail is no drafting measurement
-                self.drafter.observe_step(tree.max_depth(), t2 - t0, len(new))
+            # a step that also carried the prompt tail is no drafting measurement
+            seconds = None if t else t2 - t0
+            self.drafter.feedback(StepFeedback(tree, accepted_nodes, verdict.bonus, seconds, len(new)))
         stats.target_forwards += 1
         stats.drafted += len(tree)
         stats.accepted += len(accepted_nodes)
@@ -314,7 +316,9 @@ class Generation:
             self._finish()
         else:
             self.pending = new[-1]
-        return StepEvent(committed, delta, len(tree), len(accepted_nodes), t1 - t0, t2 - t1, sources)
+        return StepEvent(
+            committed, delta, len(tree), len(accepted_nodes), t1 - t0, t2 - t1, sources, stats=stats
+        )
 
     def _finish(self) -> None:
         self.done = True
@@ -343,8 +347,10 @@ class SpeculativeDecoder:
         self.knowledge = knowledge if drafter is not None else None
         self._knowledge_loaded = False
         self.state: BackendState = target.new_state()
-        self.last_stats = GenerationStats()
-        self._gen: Generation | None = None
+        # the target's cost curve at the drafter's ``target_threads`` (it differs from the usual
+        # one), and the threads and cost model to restore after a generation
+        self._drafting_cost: CostModel | None = None
+        self._restore: tuple[int | None, CostModel] | None = None
 
     def close(self) -> None:
         self.target.release(self.state)
@@ -352,8 +358,9 @@ class SpeculativeDecoder:
             self.drafter.close()
 
     # ------------------------------------------------------------------------------------
-    def _prefill(self, prompt: list[int], fuse_max: int) -> list[int]:
-        """Make the cache hold ``prompt[:-1]``, reusing whatever prefix it already holds.
+    def _prefill(self, prompt: list[int], fuse_max: int) -> tuple[list[int], int]:
+        """Make the cache hold ``prompt[:-1]``, reusing whatever prefix it already holds;
+        returns the tail left to evaluate and the target passes spent here (0 or 1).
 
         A short uncached tail (at most ``fuse_max`` tokens) is not evaluated here but returned,
         to ride along in the first verification pass: a streaming session whose prompt grew
@@ -363,10 +370,9 @@ class SpeculativeDecoder:
         self.target.truncate(self.state, keep)
         tail = prompt[keep:-1]
         if len(tail) <= fuse_max:
-            return tail
+            return tail, 0
         self.target.extend(self.state, tail, last_only=True)
-        self.last_stats.prefill_forwards = 1
-        return []
+        return [], 1
 
     def prefill(self, prompt_ids: Sequence[int]) -> None:
         """Make the cache hold ``prompt_ids[:-1]`` now (reusing its common prefix), so a later
@@ -383,43 +389,66 @@ class SpeculativeDecoder:
     def start(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> Generation:
         """A new generation on this decoder's state, to be stepped by the caller (see
         ``Generation``); ``end(gen)`` when it is over or abandoned."""
-        self._gen = Generation(self, prompt_ids, config)
-        return self._gen
+        return Generation(self, prompt_ids, config)
+
+    def _set_target_threads(self) -> None:
+        """Before drafting: run the target on the threads the drafter declares
+        (``Drafter.target_threads``, where the target has ``settable_threads``), reading the
+        cost curve measured at that count; ``end`` restores both."""
+        n = self.drafter.target_threads if self.drafter is not None else None
+        t = self.target
+        if n is None or not t.settable_threads or self._restore is not None:
+            return
+        if self._drafting_cost is None:
+            self._drafting_cost = CostModel(t.default_cost_prior())
+        self._restore = (t.n_threads, t.cost)
+        t.cost = self._drafting_cost
+        t.set_threads(n)
 
     def end(self, gen: Generation) -> None:
-        """After a generation: stop the drafter's background work, save what it learned."""
+        """After a generation: stop the drafter's background work, restore the target's
+        threads, save what the drafter learned."""
         if self.drafter is not None:
-            self.drafter.end()  # stops background drafting, restores backend settings
+            self.drafter.end()  # stops background drafting
+        if self._restore is not None:
+            threads, cost = self._restore
+            self._restore = None
+            if threads is not None:
+                self.target.set_threads(threads)
+            self.target.cost = cost
         if self.knowledge is not None and gen.stats.target_forwards:
             self.knowledge.save()
 
     def generate(
         self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
-    ) -> Iterator[StepEvent]:
-        """Yield one ``StepEvent`` per verification; ``self.last_stats`` holds the totals."""
+    ) -> Generator[StepEvent, None, GenerationResult]:
+        """Yield one ``StepEvent`` per verification (each carries the running ``stats``);
+        the generator returns the ``GenerationResult``."""
         gen = self.start(prompt_ids, config)
         try:
             while (p := gen.next_pass()) is not None:
                 yield gen.commit(self.target.extend(p.state, p.tokens, p.parents))
         finally:
             self.end(gen)
-
-    @property
-    def last_token_ids(self) -> list[int]:
-        """Token ids committed by the last (or running) generation."""
-        return list(self._gen.commit_.out) if self._gen is not None else []
-
-    @property
-    def last_text(self) -> str:
-        """The output text of the last (or running) generation (cut at a stop string)."""
-        return self._gen.commit_.full if self._gen is not None else ""
+        return gen.result
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         """Generate to completion and return ids, text and stats."""
-        for _ in self.generate(prompt_ids, config):
-            pass
-        assert self._gen is not None
-        return self._gen.result
+        return drain(self.generate(prompt_ids, config))
+
+
+def drain(
+    steps: Generator[StepEvent, None, GenerationResult], events: list[StepEvent] | None = None
+) -> GenerationResult:
+    """Run a ``generate`` generator to its end and return its ``GenerationResult`` (the
+    events it yields are appended to ``events`` when given)."""
+    while True:
+        try:
+            ev = next(steps)
+        except StopIteration as done:
+            return done.value
+        if events is not None:
+            events.append(ev)
 
 
 def make_decoder(
@@ -429,12 +458,12 @@ def make_decoder(
     knowledge: KnowledgeStore | None = None,
 ) -> SpeculativeDecoder:
     """The decode loop for ``target``: ``SpeculativeDecoder`` for an in-process backend; a
-    remote engine (``speclive.engines.vllm.VLLMEngine``) brings its own loop with the same
-    interface (``generate``, ``run``, ``prefill``, ``last_stats``, ``close``)."""
-    factory = getattr(target, "make_decoder", None)
-    if factory is not None:
-        return factory(drafter, rule, knowledge)
-    return SpeculativeDecoder(target, drafter, rule, knowledge)
+    remote engine (``in_process`` False: ``speclive.engines.vllm.VLLMEngine``) brings its own
+    loop from its ``make_decoder``, with the same interface (``generate``, ``run``,
+    ``prefill``, ``close``)."""
+    if target.in_process:
+        return SpeculativeDecoder(target, drafter, rule, knowledge)
+    return target.make_decoder(drafter, rule, knowledge)
 
 
 # ---------------------------------------------------------------------------------------- reference

@@ -56,7 +56,7 @@ def machine_id(target: Backend) -> str:
     """CPU model, cores and the target's thread count (what the measured costs depend on)."""
     from speclive.sysinfo import cpu_model
 
-    threads = getattr(target, "n_threads", None)
+    threads = target.n_threads
     device = getattr(target, "device", None)
     parts = [cpu_model(), f"cores={os.cpu_count()}", f"threads={threads}"]
     if device is not None and str(device) != "cpu":

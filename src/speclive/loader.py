@@ -108,9 +108,7 @@ def _load_backend(
         path: str | Path = hf_dir_for_gguf(ref.gguf, ref.name if ref.source == "registry" else None)
     else:
         path = ref.path or ref.hub_id  # type: ignore[assignment]
-    return HFBackend.load(
-        str(path), name=ref.name, dtype=dtype, device=device, n_ctx=n_ctx, threads=threads
-    )
+    return HFBackend.load(str(path), name=ref.name, dtype=dtype, device=device, n_ctx=n_ctx, threads=threads)
 
 
 def _draft_device(target: Backend, backend: str) -> str:
@@ -143,10 +141,10 @@ def make_drafter(
             name, target, draft_model, backend, max_len, threshold, datastore, datastore_max_mb
         )
     if name == "ngram":
-        from speclive.drafting.base import AdaptiveConfig
+        from speclive.drafting.base import AdaptiveConfig, AdaptiveLength
         from speclive.drafting.ngram import NgramDrafter
 
-        return NgramDrafter(adaptive=AdaptiveConfig(max_len=max_len or 16))
+        return NgramDrafter(adaptive=AdaptiveLength(AdaptiveConfig(max_len=max_len or 16)))
     backend = backend or target.kind
     if name == "model":
         from speclive.drafting.model import ModelDrafter

@@ -27,7 +27,7 @@ import numpy as np
 from speclive.asr.audio import SAMPLE_RATE, split_segments
 from speclive.asr.whisper import WhisperBackend, load_whisper
 from speclive.asr.whisper_bridge import WhisperBridge
-from speclive.decoder import GenerationConfig, SpeculativeDecoder
+from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder
 from speclive.drafting.base import Drafter
 from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter
 from speclive.errors import ConfigError
@@ -307,9 +307,11 @@ class Transcriber:
         gen = GenerationConfig(max_tokens=min(limit, max_tokens or limit), max_draft_nodes=64)
         ids: list[int] = []
         looped = False
+        st = GenerationStats()
         events = dec.generate(prompt, gen)
         try:
             for ev in events:
+                st = ev.stats  # the generation's totals (final once it is over or closed)
                 ids.extend(ev.tokens)
                 cut = _repeat_start(ids) if stop_repeat else None
                 if cut is not None:
@@ -317,7 +319,6 @@ class Transcriber:
                     break
         finally:
             events.close()
-        st = dec.last_stats
         stats.target_forwards += st.target_forwards
         stats.new_tokens += len(ids)
         stats.decode_ms += 1000 * st.total_s

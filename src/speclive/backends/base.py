@@ -16,6 +16,15 @@ offers exactly five cache operations:
 - ``fork(state)``: an independent state sharing the same prefix.
 - ``release(state)``: free what the state holds.
 
+Optional features are declared on the class, not probed: ``max_tree_branches`` (a limit on
+the leaves of one tree extension, None for none), ``settable_threads`` (``set_threads``
+changes the CPU threads it computes with, ``n_threads``), ``max_states`` (states that hold a
+cache at once before one is evicted, None for no limit; ``restore_evicted`` prefills an
+evicted state again on its next use) and ``reserve_kv`` (take the cache memory now).
+``in_process`` tells a backend from a remote engine that sessions take in its place
+(``speclive.engines.vllm.VLLMEngine`` declares it False and brings its own decode loop,
+``make_decoder``).
+
 ``state.tokens`` always lists the committed cache content (a pending tree is not in it).
 A conformance suite (``tests/test_backend_conformance.py``) checks every backend against
 fresh full forwards.
@@ -148,6 +157,22 @@ class Backend(ABC):
     vocab_size: int
     n_ctx: int
 
+    #: the model runs in this process (the cache operations below); a remote engine says False
+    in_process: bool = True
+
+    # ---- optional features (module docstring): the defaults say "not supported" ------
+    #: most leaves (root-to-leaf branches) one tree ``extend`` may hold (None: no limit)
+    max_tree_branches: int | None = None
+    #: ``set_threads`` can change the CPU threads this backend computes with
+    settable_threads: bool = False
+    #: CPU threads it computes with (None: not a setting of this backend)
+    n_threads: int | None = None
+    #: states that can hold a cache at once; more evict each other (None: no limit)
+    max_states: int | None = None
+    #: an evicted state is prefilled again on its next use instead of failing it (where
+    #: ``max_states`` is set)
+    restore_evicted: bool = False
+
     def __init__(self) -> None:
         self.cost = CostModel(self.default_cost_prior())
         self.forward_calls = 0
@@ -177,6 +202,14 @@ class Backend(ABC):
 
     def default_cost_prior(self) -> dict[int, float] | None:
         return None
+
+    def set_threads(self, n_threads: int) -> None:
+        """Compute with ``n_threads`` CPU threads (only where ``settable_threads``)."""
+        raise NotImplementedError(f"the {self.kind} backend has no thread setting")
+
+    def reserve_kv(self) -> None:
+        """Take the cache's memory now, where a backend would otherwise take it as states fill
+        (a server's memory use is then known at start-up); nothing to do by default."""
 
     # ---- shared checks around the backend-specific parts ----------------------------
     def extend(

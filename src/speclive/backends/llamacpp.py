@@ -111,6 +111,7 @@ class LlamaCppBackend(Backend):
     """A GGUF causal LM on llama.cpp implementing the ``Backend`` protocol (module docstring)."""
 
     kind = "llamacpp"
+    settable_threads = True
 
     def __init__(
         self,

@@ -88,7 +88,7 @@ class OurRunner:
             self.knowledge.load()
 
     def run(self, prompt_ids: Sequence[int], max_tokens: int) -> dict[str, Any]:
-        from speclive.decoder import GenerationConfig, SpeculativeDecoder
+        from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder
 
         dec = SpeculativeDecoder(self.target, self.drafter)
         if self.knowledge is not None:
@@ -96,15 +96,16 @@ class OurRunner:
             dec._knowledge_loaded = True
         out: list[int] = []
         steps: list[list[int]] = []
+        s = GenerationStats()
         try:
             t0 = time.perf_counter()
             for ev in dec.generate(prompt_ids, GenerationConfig(max_tokens=max_tokens)):
+                s = ev.stats
                 out.extend(ev.tokens)
                 steps.append([ev.drafted, ev.accepted])
             wall = time.perf_counter() - t0
         finally:
             self.target.release(dec.state)
-        s = dec.last_stats
         rec: dict[str, Any] = {
             "token_ids": out,
             "wall_s": wall,

@@ -60,14 +60,13 @@ def lookup_timing(
     from speclive.loader import make_drafter
 
     drafter = make_drafter("suffix", target, datastore=datastore)
-    drafter.bind(target)
     times: list[float] = []
     for r in records:
         if r.get("method") != "ar" or "token_ids" not in r or r.get("backend") != target.kind:
             continue
         ctx = list(r["prompt_ids"]) + list(r["token_ids"])
         n0 = len(r["prompt_ids"])
-        drafter.begin(ctx[:n0])
+        drafter.start(target, ctx[:n0])
         for end in range(n0, len(ctx) + 1):
             t0 = time.perf_counter()
             drafter.retrieve(ctx[:end])

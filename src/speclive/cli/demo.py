@@ -57,7 +57,7 @@ def _say(msg: str) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from speclive.decoder import GenerationConfig, SpeculativeDecoder
+    from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder
     from speclive.errors import SpecliveError
     from speclive.loader import load_backend, make_drafter
 
@@ -88,14 +88,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "several tokens per target pass\n"
     )
     spec = SpeculativeDecoder(target, drafter)
+    s = GenerationStats()
+    out_ids: list[int] = []
     for ev in spec.generate(ids, cfg):
+        s = ev.stats
+        out_ids += ev.tokens
         if ev.accepted and color:
             sys.stdout.write(f"{GREEN}{ev.text}{RESET}")
         else:
             sys.stdout.write(ev.text)
         sys.stdout.flush()
-    s = spec.last_stats
-    out_ids = spec.last_token_ids
     spec.close()
 
     r = ref.stats

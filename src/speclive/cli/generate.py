@@ -79,7 +79,7 @@ def stats_line(stats, drafter_name: str) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from speclive.decoder import GenerationConfig
+    from speclive.decoder import GenerationConfig, GenerationStats
 
     dec = _build_decoder(args)
     ids = _prompt_ids(dec, args)
@@ -112,11 +112,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
             )
         )
         return 0
+    stats = GenerationStats()
     for ev in dec.generate(ids, cfg):
+        stats = ev.stats
         sys.stdout.write(ev.text)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    print(stats_line(dec.last_stats, args.drafter), file=sys.stderr)
+    print(stats_line(stats, args.drafter), file=sys.stderr)
     return 0
 
 

@@ -3,7 +3,9 @@
 A drafter wrapper for the one decode loop, not a second loop. ``propose`` returns the tree to
 verify and immediately starts a drafting job on a worker thread, so the draft model's forward
 passes overlap the target's verification pass (llama.cpp releases the GIL in ``llama_decode``;
-each side gets its own cores: ``threads`` per backend, default 1 + 1 on a 2-core machine).
+each side gets its own cores: ``threads`` per backend, default 1 + 1 on a 2-core machine). The
+drafter sets its own draft backend's threads; the target's it declares (``target_threads``)
+and the decoder applies.
 The job drafts after a *speculated* context — the committed context plus the part of the tree
 being verified that is likely to be accepted:
 
@@ -31,7 +33,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from speclive.backends.base import Backend, CostModel
+from speclive.backends.base import Backend
+from speclive.drafting.base import AdaptiveLength
 from speclive.drafting.datastore import SuffixDatastore
 from speclive.drafting.hybrid import HybridConfig, HybridDrafter
 from speclive.drafting.suffix import SuffixConfig
@@ -86,12 +89,11 @@ class _Job:
 
 
 def _set_threads(backend: Backend, n: int | None) -> int | None:
-    """Set a backend's thread count (llama.cpp only); returns the previous one."""
-    setter = getattr(backend, "set_threads", None)
-    if n is None or setter is None:
+    """Set a backend's thread count (where ``settable_threads``); returns the previous one."""
+    if n is None or not backend.settable_threads:
         return None
-    old = int(getattr(backend, "n_threads", n))
-    setter(n)
+    old = backend.n_threads
+    backend.set_threads(n)
     return old
 
 
@@ -105,32 +107,23 @@ class AsyncHybridDrafter(HybridDrafter):
         config: HybridConfig | None = None,
         suffix: SuffixConfig | None = None,
         async_config: AsyncConfig | None = None,
+        adaptive: AdaptiveLength | None = None,
     ):
-        super().__init__(draft, datastore, config, suffix)
+        super().__init__(draft, datastore, config, suffix, adaptive)
         self.acfg = async_config or AsyncConfig()
+        self.target_threads = self.acfg.target_threads
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speclive-draft")
         self.async_stats = AsyncStats()
         self._job: _Job | None = None
-        self._saved: dict[str, Any] = {}
+        # the draft backend's thread count before ``start`` changed it
+        self._saved_draft_threads: int | None = None
         self._t_return: float | None = None
         self._t_begin = 0.0
-        # the target's cost curve with ``target_threads`` differs from its usual one: keep our own
-        self._own_cost: CostModel | None = None
 
     # ---- lifecycle ------------------------------------------------------------------
-    def bind(self, target: Backend) -> None:
-        self._saved = {}
-        if self.acfg.target_threads is not None and hasattr(target, "set_threads"):
-            if self._own_cost is None:
-                self._own_cost = CostModel(target.default_cost_prior())
-            self._saved["target_cost"] = target.cost
-            target.cost = self._own_cost
-        super().bind(target)
-        self._saved["target_threads"] = _set_threads(target, self.acfg.target_threads)
-        self._saved["draft_threads"] = _set_threads(self.model.draft, self.acfg.draft_threads)
-
-    def begin(self, context: Sequence[int]) -> None:
-        super().begin(context)
+    def start(self, target: Backend, context: Sequence[int]) -> None:
+        super().start(target, context)
+        self._saved_draft_threads = _set_threads(self.model.draft, self.acfg.draft_threads)
         self._cancel()
         self.async_stats = AsyncStats()
         self._t_begin = time.perf_counter()
@@ -140,16 +133,9 @@ class AsyncHybridDrafter(HybridDrafter):
         self._cancel()
         st = self.async_stats
         st.wall_s = time.perf_counter() - self._t_begin
-        t = self.target
-        if t is not None:
-            if self._saved.get("target_threads") is not None:
-                _set_threads(t, self._saved["target_threads"])
-            if "target_cost" in self._saved:
-                t.cost = self._saved["target_cost"]
-                self.adaptive.target_cost = t.cost
-        if self._saved.get("draft_threads") is not None:
-            _set_threads(self.model.draft, self._saved["draft_threads"])
-        self._saved = {}
+        if self._saved_draft_threads is not None:
+            _set_threads(self.model.draft, self._saved_draft_threads)
+        self._saved_draft_threads = None
 
     def close(self) -> None:
         self._cancel()

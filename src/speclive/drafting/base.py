@@ -1,9 +1,9 @@
-"""Drafter protocol and the adaptive draft-length controller every drafter uses.
+"""Drafter protocol and the adaptive draft-length controller the drafters are handed.
 
 A drafter proposes a ``DraftTree`` continuing the committed context; the decoder verifies it
-and reports back how much was accepted. Shape borrowed from transformers' candidate
-generators (``get_candidates`` / ``update_candidate_strategy``), reduced to what a tree
-verifier needs.
+and reports back how much was accepted (``StepFeedback``). Shape borrowed from transformers'
+candidate generators (``get_candidates`` / ``update_candidate_strategy``), reduced to what a
+tree verifier needs, plus the start and end of a generation.
 
 ``AdaptiveLength`` makes drafting pay on a compute-bound CPU: it keeps an estimate of the
 per-token acceptance rate α and reads the target's measured verification-cost curve
@@ -243,59 +243,98 @@ class AdaptiveLength:
                 self._fail[accepted + 1] += 1.0
 
 
+@dataclass
+class StepFeedback:
+    """What the decoder reports to the drafter after verifying its tree."""
+
+    tree: DraftTree
+    #: accepted node indices of ``tree`` (a root-anchored chain)
+    accepted: Sequence[int]
+    #: the target's token after the accepted path
+    bonus: int
+    #: wall time of the step (drafting + verification); None when the step is no drafting
+    #: measurement (it also evaluated a prompt tail)
+    seconds: float | None = None
+    #: tokens the step committed (accepted + bonus)
+    committed: int = 1
+
+
 class Drafter(ABC):
-    """Proposes draft trees; one instance serves one generation at a time."""
+    """Proposes draft trees; one instance serves one generation at a time.
+
+    The protocol, in the order the decoder calls it:
+
+    - ``start(target, context)``: a generation on ``target`` starts from ``context``;
+    - ``propose(context, budget)``: a tree continuing the committed ``context``, each step;
+    - ``feedback(step)``: what the target kept of that tree and what the step cost;
+    - ``end()``: the generation is over (or abandoned); ``close()``: free held resources.
+
+    ``knowledge()`` / ``load_knowledge()`` are the state ``speclive.knowledge`` persists.
+
+    A drafter never changes the target: what it needs from it is declared (``target_threads``)
+    and applied by the decoder. Its draft-length controller (``adaptive``) is built by the
+    caller and handed in; the decoder's feedback is what it learns from.
+    """
 
     name = "drafter"
     #: extra text for stats lines
     detail = ""
+    #: CPU threads the target should compute with while this drafter drafts (None: as it is);
+    #: the decoder applies it to a target with ``settable_threads``
+    target_threads: int | None = None
 
-    def __init__(self, adaptive: AdaptiveConfig | None = None):
-        self.adaptive = AdaptiveLength(adaptive)
+    def __init__(self, adaptive: AdaptiveLength | None = None):
+        #: the draft-length controller (None: the drafter picks its drafts another way)
+        self.adaptive = adaptive
         self.target: Backend | None = None
-        #: seconds of one-off work inside the last ``propose`` (a draft cache catching up on a
-        #: new prompt or after a pause); kept out of the per-step cost the controller learns
-        self.oneoff_s = 0.0
+        # seconds of one-off work inside ``propose`` since the last measured step (a draft
+        # cache catching up on a new prompt or after a pause); kept out of the per-step cost
+        # the controller learns
+        self._oneoff_s = 0.0
 
-    def bind(self, target: Backend) -> None:
-        """Called by the decoder before a generation: the target whose cost curve to read."""
+    def start(self, target: Backend, context: Sequence[int]) -> None:
+        """A generation on ``target`` (whose cost curve to read) starts from ``context``:
+        reset per-request state."""
         self.target = target
-        self.adaptive.target_cost = target.cost
-
-    def begin(self, context: Sequence[int]) -> None:
-        """A new generation starts from ``context`` (reset per-request state)."""
+        if self.adaptive is not None:
+            self.adaptive.target_cost = target.cost
 
     @abstractmethod
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         """A tree continuing ``context`` (committed tokens) with at most ``budget`` nodes."""
 
-    def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
-        """Verification result: accepted node indices of ``tree`` (a root-anchored chain)."""
-        self.adaptive.update(tree.max_depth(), len(accepted_nodes))
+    def feedback(self, step: StepFeedback) -> None:
+        """The verification of the last proposed tree: the controller learns acceptance and,
+        from a measured step, its cost."""
+        if self.adaptive is None:
+            return
+        self.adaptive.update(step.tree.max_depth(), len(step.accepted))
+        seconds = self._step_cost(step)
+        if seconds is not None:
+            self.adaptive.observe_step(step.tree.max_depth(), seconds, step.committed)
 
-    def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
-        """Wall time of the last step (drafting + verification), for the adaptive controller.
-
-        One-off catch-up work reported in ``oneoff_s`` is subtracted: it is paid once per prompt
-        or pause, and folding it into the per-step cost would switch a useful drafter off.
-        """
-        seconds, self.oneoff_s = seconds - self.oneoff_s, 0.0
-        if seconds > 0:
-            self.adaptive.observe_step(drafted, seconds, committed)
+    def _step_cost(self, step: StepFeedback) -> float | None:
+        """Seconds of a measured step without the one-off work since the last one (paid once
+        per prompt or pause: folding it into the per-step cost would switch a useful drafter
+        off); None when there is nothing to learn from."""
+        if step.seconds is None:
+            return None
+        seconds, self._oneoff_s = step.seconds - self._oneoff_s, 0.0
+        return seconds if seconds > 0 else None
 
     def knowledge(self) -> dict:
         """What this drafter has learned that is worth keeping across processes (JSON-able);
         ``speclive.knowledge`` saves it and hands it back to ``load_knowledge`` on the next start."""
-        return {"adaptive": self.adaptive.state()}
+        return {"adaptive": self.adaptive.state()} if self.adaptive is not None else {}
 
     def load_knowledge(self, data: dict) -> None:
         """Restore ``knowledge()`` output (raises ``ValueError``/``KeyError``/``TypeError`` when
         it does not fit this drafter: the caller then ignores the saved file)."""
-        if "adaptive" in data:
+        if "adaptive" in data and self.adaptive is not None:
             self.adaptive.load_state(data["adaptive"])
 
     def end(self) -> None:
-        """A generation finished (or was abandoned): stop background work, restore settings."""
+        """A generation finished (or was abandoned): stop background work."""
 
     def close(self) -> None:
         """Free held resources (draft model states)."""

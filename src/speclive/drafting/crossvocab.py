@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Sequence
 
 from speclive.backends.base import Backend
-from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.model import DEFAULT_WINDOW, draft_chain, probe_cannot_pay, timed_sync, window_start
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError
@@ -49,14 +49,14 @@ class CrossVocabDrafter(Drafter):
         max_len: int = 16,
         threshold: float = 0.4,
         tail_tokens: int = 4,
-        adaptive: AdaptiveConfig | None = None,
+        adaptive: AdaptiveLength | None = None,
         window: int | None = DEFAULT_WINDOW,
     ):
         if not 0.0 <= threshold < 1.0:
             raise ConfigError(f"confidence threshold must be in [0, 1), got {threshold}")
         if window is not None and window < 1:
             raise ConfigError(f"draft context window must be >= 1 token (or None), got {window}")
-        super().__init__(adaptive or AdaptiveConfig(max_len=max_len, prior_alpha=0.6))
+        super().__init__(adaptive or AdaptiveLength(AdaptiveConfig(max_len=max_len, prior_alpha=0.6)))
         self.draft = draft
         self.threshold = threshold
         self.tail_tokens = tail_tokens
@@ -65,13 +65,14 @@ class CrossVocabDrafter(Drafter):
         self._start = 0
         self.detail = f"draft={draft.name}"
 
-    def begin(self, context: Sequence[int]) -> None:
+    def start(self, target: Backend, context: Sequence[int]) -> None:
+        super().start(target, context)
         # the window (in target tokens, fixed per generation) keeps the draft's prefill short;
         # see drafting/model.py
         self._start = window_start(context, self.window)
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
-        assert self.target is not None, "bind() the drafter to a target first"
+        assert self.target is not None, "start() the drafter on a target first"
         t_d, t_t = self.draft.cost.step_seconds(), self.target.cost.step_seconds()
         if t_d and t_t:
             # a draft token of the other vocabulary covers roughly one target token
@@ -84,9 +85,11 @@ class CrossVocabDrafter(Drafter):
         draft_ids = self.draft.tokenizer.encode(text)
         if not draft_ids:
             return DraftTree()
-        if probe_cannot_pay(self, self.draft, self.state, draft_ids, CEILING_ALPHA):
+        if probe_cannot_pay(self.adaptive, self.draft, self.state, draft_ids, CEILING_ALPHA):
             return DraftTree()
-        logits = timed_sync(self, self.draft, self.state, draft_ids)[-1]
+        logits, oneoff = timed_sync(self.draft, self.state, draft_ids)
+        self._oneoff_s += oneoff
+        logits = logits[-1]
         # draft one token more than needed: the last target token is dropped below
         d = draft_chain(self.draft, self.state, logits, k + 1, self.threshold)
         if not d.tokens:

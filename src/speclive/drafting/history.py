@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from speclive.backends.base import Backend
-from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter, StepFeedback
 from speclive.drafting.ngram import NgramDrafter
 from speclive.drafting.tree import DraftTree
 
@@ -40,9 +40,10 @@ class HistoryDrafter(Drafter):
         recycle: bool = True,
         chunked: bool = True,
         max_history: int = 1024,
-        chunk: AdaptiveConfig | None = None,
+        chunk: AdaptiveLength | None = None,
     ):
-        super().__init__(chunk or AdaptiveConfig(max_len=64, prior_alpha=0.85))
+        # ``chunk``: the controller of the chunk lengths
+        super().__init__(chunk or AdaptiveLength(AdaptiveConfig(max_len=64, prior_alpha=0.85)))
         self.chunked = chunked
         self.history: list[int] = []
         self.forced = self.first_chunk = 0
@@ -63,15 +64,11 @@ class HistoryDrafter(Drafter):
         self.forced = max(0, min(int(forced), len(self.history)))
         self.first_chunk = max(self.forced, int(first_chunk))
 
-    def bind(self, target: Backend) -> None:
-        super().bind(target)
-        if self.recycler is not None:
-            self.recycler.bind(target)
-
-    def begin(self, context: Sequence[int]) -> None:
+    def start(self, target: Backend, context: Sequence[int]) -> None:
+        super().start(target, context)
         self._start = len(context)
         if self.recycler is not None:
-            self.recycler.begin([*self.history, _SEPARATOR, *context])
+            self.recycler.start(target, [*self.history, _SEPARATOR, *context])
 
     def _aligned(self, produced: Sequence[int]) -> bool:
         n = len(produced)
@@ -106,14 +103,10 @@ class HistoryDrafter(Drafter):
         self._last = "recycled"
         return DraftTree.chain(toks, source="recycled")
 
-    def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
+    def feedback(self, step: StepFeedback) -> None:
+        # the chunk controller learns from chunks of the previous output, the recycler from
+        # its own drafts
         if self._last == "history" and self.chunked:
-            self.adaptive.update(tree.max_depth(), len(accepted_nodes))
+            super().feedback(step)
         elif self._last == "recycled" and self.recycler is not None:
-            self.recycler.feedback(tree, accepted_nodes, bonus)
-
-    def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
-        if self._last == "history" and self.chunked:
-            self.adaptive.observe_step(drafted, seconds, committed)
-        elif self._last == "recycled" and self.recycler is not None:
-            self.recycler.observe_step(drafted, seconds, committed)
+            self.recycler.feedback(step)

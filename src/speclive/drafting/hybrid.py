@@ -109,38 +109,37 @@ class HybridDrafter(SuffixDrafter):
         datastore: SuffixDatastore | None = None,
         config: HybridConfig | None = None,
         suffix: SuffixConfig | None = None,
+        adaptive: AdaptiveLength | None = None,
     ):
-        super().__init__(datastore, suffix)
-        self.hcfg = config or HybridConfig()
-        if not 0.0 <= self.hcfg.threshold < 1.0:
-            raise ConfigError(f"confidence threshold must be in [0, 1), got {self.hcfg.threshold}")
-        self.model = ModelSource(draft, self.hcfg.threshold, self.hcfg.window)
-        self.model_ctl = AdaptiveLength(
-            AdaptiveConfig(max_len=self.hcfg.model_max_len, prior_alpha=self.hcfg.model_prior_alpha)
+        hcfg = config or HybridConfig()
+        if not 0.0 <= hcfg.threshold < 1.0:
+            raise ConfigError(f"confidence threshold must be in [0, 1), got {hcfg.threshold}")
+        # ``adaptive``: the length controller of the model chain
+        super().__init__(
+            datastore,
+            suffix,
+            adaptive
+            or AdaptiveLength(AdaptiveConfig(max_len=hcfg.model_max_len, prior_alpha=hcfg.model_prior_alpha)),
         )
+        self.hcfg = hcfg
+        self.model = ModelSource(draft, self.hcfg.threshold, self.hcfg.window)
         self.model_runs = 0
         self.detail = f"draft={draft.name} datastore={self.store.n if self.store else 0} tokens"
 
-    def begin(self, context: Sequence[int]) -> None:
-        super().begin(context)
-        self.model.begin(context)
-
-    def bind(self, target: Backend) -> None:
-        super().bind(target)
+    def start(self, target: Backend, context: Sequence[int]) -> None:
+        super().start(target, context)
         if self.model.draft.tokenizer.encode("Hello world") != target.tokenizer.encode("Hello world"):
             raise ConfigError(
                 f"draft model {self.model.draft.name} does not share the tokenizer of {target.name}"
             )
-        self.model_ctl.target_cost = target.cost
+        self.model.begin(context)
 
     def _draft_ratio(self) -> float:
         t_d = self.model.step_seconds()
         t_t = self._step_seconds()
         return t_d / t_t if t_d and t_t else 0.45
 
-    def model_length(
-        self, retrieval_gain: float | Callable[[], float], context: Sequence[int] = ()
-    ) -> int:
+    def model_length(self, retrieval_gain: float | Callable[[], float], context: Sequence[int] = ()) -> int:
         """Model chain length to draft this step (0: the model does not pay over retrieval).
 
         ``retrieval_gain``: the best retrieval tree's expected gain, or a function computing it
@@ -148,8 +147,8 @@ class HybridDrafter(SuffixDrafter):
         """
         if self.hcfg.always_model:
             return self.hcfg.model_max_len
-        ratio = self.model_ctl.draft_ratio = self._draft_ratio()
-        ceiling = self.model_ctl.ceiling(self.hcfg.ceiling_alpha)
+        ratio = self.adaptive.draft_ratio = self._draft_ratio()
+        ceiling = self.adaptive.ceiling(self.hcfg.ceiling_alpha)
         if ceiling < self.hcfg.model_margin:
             # even near-perfect acceptance would not pay: do not even probe (a probe re-syncs
             # the draft cache, a prefill of the draft model when it has been off a while)
@@ -158,14 +157,14 @@ class HybridDrafter(SuffixDrafter):
             retrieval_gain = retrieval_gain()
         extra = self.model.catch_up(context, ratio) if context else 0.0
         bar = max(retrieval_gain, 1.0) * self.hcfg.model_margin
-        if ceiling < bar or (extra and self.model_ctl.ceiling(self.hcfg.ceiling_alpha, extra) < bar):
+        if ceiling < bar or (extra and self.adaptive.ceiling(self.hcfg.ceiling_alpha, extra) < bar):
             return 0
-        k = self.model_ctl.length()
+        k = self.adaptive.length()
         if k <= 0:
             return 0
-        if self.model_ctl.off:  # a probe of the controller: always honoured
+        if self.adaptive.off:  # a probe of the controller: always honoured
             return k
-        if self.model_ctl.expected_speedup(k) < retrieval_gain * self.hcfg.model_margin:
+        if self.adaptive.expected_speedup(k) < retrieval_gain * self.hcfg.model_margin:
             return 0
         return k
 
@@ -194,7 +193,7 @@ class HybridDrafter(SuffixDrafter):
 
     def chain_feedback(self, name: str, drafted: int, kept: int) -> None:
         if name == "model":
-            self.model_ctl.update(drafted, kept)
+            self.adaptive.update(drafted, kept)
         else:
             super().chain_feedback(name, drafted, kept)
 

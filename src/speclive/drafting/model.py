@@ -35,7 +35,7 @@ import numpy as np
 
 from speclive.acceptance import softmax
 from speclive.backends.base import Backend, BackendState, common_prefix_len
-from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.priors import draft_alpha
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError
@@ -66,12 +66,11 @@ def catch_up_cost(draft: Backend, state: BackendState, tokens: Sequence[int], dr
 
 
 def probe_cannot_pay(
-    drafter: Drafter, draft: Backend, state: BackendState, tokens: Sequence[int], alpha: float
+    ctl: AdaptiveLength, draft: Backend, state: BackendState, tokens: Sequence[int], alpha: float
 ) -> bool:
-    """True when ``drafter`` is switched off (this draft would be a back-off probe) and even
-    acceptance ``alpha`` could not pay for the drafts plus the catch-up prefill of the draft
-    cache ``state`` up to ``tokens``: the probe is skipped (the back-off still grows)."""
-    ctl = drafter.adaptive
+    """True when the controller ``ctl`` is switched off (this draft would be a back-off probe)
+    and even acceptance ``alpha`` could not pay for the drafts plus the catch-up prefill of the
+    draft cache ``state`` up to ``tokens``: the probe is skipped (the back-off still grows)."""
     if not ctl.off or ctl.cfg.fixed:
         return False
     extra = catch_up_cost(draft, state, tokens, ctl.draft_ratio)
@@ -83,14 +82,12 @@ def window_start(context: Sequence[int], window: int | None) -> int:
     return 0 if window is None else max(0, len(context) - window)
 
 
-def timed_sync(drafter: Drafter, backend: Backend, state: BackendState, tokens: Sequence[int]) -> np.ndarray:
-    """``backend.sync`` that reports a long catch-up as one-off time on ``drafter``."""
+def timed_sync(backend: Backend, state: BackendState, tokens: Sequence[int]) -> tuple[np.ndarray, float]:
+    """``backend.sync`` and its seconds if it was a long catch-up (one-off work), else 0."""
     behind = len(tokens) - common_prefix_len(state.tokens, tokens)
     t0 = time.perf_counter()
     logits = backend.sync(state, tokens)
-    if behind > ONEOFF_TOKENS:
-        drafter.oneoff_s += time.perf_counter() - t0
-    return logits
+    return logits, (time.perf_counter() - t0 if behind > ONEOFF_TOKENS else 0.0)
 
 
 @dataclass
@@ -150,7 +147,7 @@ class ModelDrafter(Drafter):
         threshold: float = 0.4,
         fixed_len: int | None = None,
         temperature: float = 0.0,
-        adaptive: AdaptiveConfig | None = None,
+        adaptive: AdaptiveLength | None = None,
         window: int | None = DEFAULT_WINDOW,
     ):
         if not 0.0 <= threshold < 1.0:
@@ -159,11 +156,12 @@ class ModelDrafter(Drafter):
             raise ConfigError(f"draft context window must be >= 1 token (or None), got {window}")
         if fixed_len is not None and fixed_len < 1:
             raise ConfigError(f"fixed draft length must be >= 1, got {fixed_len}")
-        cfg = adaptive or AdaptiveConfig(max_len=max_len, prior_alpha=draft_alpha() or 0.7)
         if fixed_len is not None:
-            cfg = AdaptiveConfig(max_len=fixed_len, fixed=True)
+            adaptive = AdaptiveLength(AdaptiveConfig(max_len=fixed_len, fixed=True))
             threshold = 0.0
-        super().__init__(cfg)
+        super().__init__(
+            adaptive or AdaptiveLength(AdaptiveConfig(max_len=max_len, prior_alpha=draft_alpha() or 0.7))
+        )
         self.draft = draft
         self.threshold = threshold
         self.temperature = temperature
@@ -179,8 +177,8 @@ class ModelDrafter(Drafter):
         self._said = False
         self.log: Callable[[str], None] = _stderr
 
-    def bind(self, target: Backend) -> None:
-        super().bind(target)
+    def start(self, target: Backend, context: Sequence[int]) -> None:
+        super().start(target, context)
         if (
             self.draft.vocab_size > target.vocab_size + 1024
             or self.draft.tokenizer.vocab_size != target.tokenizer.vocab_size
@@ -191,18 +189,16 @@ class ModelDrafter(Drafter):
                     f"draft model {self.draft.name} does not share the tokenizer of {target.name}; "
                     "use the crossvocab drafter"
                 )
+        # the next sync() trims the draft cache to its common prefix with the new view, so an
+        # unchanged view (no window, shared system prompt) is not recomputed
+        self._start = window_start(context, self.window)
+        self.gate_open = None
 
     def _update_costs(self) -> None:
         t_d = self.draft.cost.step_seconds()
         t_t = self.target.cost.step_seconds() if self.target else None
         if t_d and t_t:
             self.adaptive.draft_ratio = t_d / t_t
-
-    def begin(self, context: Sequence[int]) -> None:
-        # the next sync() trims the draft cache to its common prefix with the new view, so an
-        # unchanged view (no window, shared system prompt) is not recomputed
-        self._start = window_start(context, self.window)
-        self.gate_open = None
 
     def _measure_draft_step(self, token: int) -> None:
         """Time ``GATE_STEPS`` one-token steps of the draft model on its (empty) cache."""
@@ -254,9 +250,11 @@ class ModelDrafter(Drafter):
         if k <= 0:
             return DraftTree()
         view = context[self._start :]
-        if probe_cannot_pay(self, self.draft, self.state, view, CEILING_ALPHA):
+        if probe_cannot_pay(self.adaptive, self.draft, self.state, view, CEILING_ALPHA):
             return DraftTree()
-        logits = timed_sync(self, self.draft, self.state, view)[-1]
+        logits, oneoff = timed_sync(self.draft, self.state, view)
+        self._oneoff_s += oneoff
+        logits = logits[-1]
         d = draft_chain(self.draft, self.state, logits, k, self.threshold, self.temperature, self.rng)
         return DraftTree.chain(d.tokens, probs=d.probs, dists=d.dists, source=self.name)
 

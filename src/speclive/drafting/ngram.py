@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from speclive.backends.base import Backend
-from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter, StepFeedback
 from speclive.drafting.priors import copy_survival
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError
@@ -95,14 +95,16 @@ class NgramDrafter(Drafter):
         max_match: int = 32,
         max_candidates: int = 64,
         buckets: Sequence[int] = (2, 4, 8, 16),
-        adaptive: AdaptiveConfig | None = None,
+        adaptive: AdaptiveLength | None = None,
     ):
         if min_n < 1 or max_match < min_n:
             raise ConfigError(f"ngram drafter needs 1 <= min_n <= max_match, got {min_n}, {max_match}")
         if not buckets or sorted(buckets) != list(buckets) or buckets[0] < min_n:
             raise ConfigError(f"buckets must be increasing match lengths >= min_n, got {list(buckets)}")
-        base = adaptive or replace(COPY_ADAPTIVE)
-        super().__init__(base)
+        # the controller handed in records every draft; its config is the base of the
+        # bucket controllers, which choose the lengths
+        super().__init__(adaptive or AdaptiveLength(replace(COPY_ADAPTIVE)))
+        base = self.adaptive.cfg
         self.min_n, self.max_match, self.max_candidates = min_n, max_match, max_candidates
         self.buckets = tuple(int(b) for b in buckets)
         #: controllers of copies from the prompt / from the output so far, per bucket
@@ -116,12 +118,14 @@ class NgramDrafter(Drafter):
         #: match length of the last lookup (0 = none)
         self.last_match = 0
 
-    def bind(self, target: Backend) -> None:
-        super().bind(target)
+    def start(self, target: Backend, context: Sequence[int]) -> None:
+        super().start(target, context)
         for a in [*self.by_bucket.values(), *self.output_buckets.values()]:
             a.target_cost = target.cost
+        self._reset(context)
 
-    def begin(self, context: Sequence[int]) -> None:
+    def _reset(self, context: Sequence[int]) -> None:
+        """Index ``context`` from scratch; its tokens count as the prompt."""
         self._prompt_len = len(context)
         self._ctx = []
         self._index = {}
@@ -130,7 +134,7 @@ class NgramDrafter(Drafter):
     def _sync(self, context: Sequence[int]) -> None:
         ctx = self._ctx
         if len(context) < len(ctx) or (ctx and context[len(ctx) - 1] != ctx[-1]):
-            self.begin(context)  # context was rewritten: rebuild
+            self._reset(context)  # context was rewritten: rebuild
             return
         n = self.min_n
         for j in range(len(ctx), len(context)):
@@ -196,11 +200,13 @@ class NgramDrafter(Drafter):
         load_controllers(self.by_bucket, data.get("buckets", {}))
         load_controllers(self.output_buckets, data.get("output_buckets", {}))
 
-    def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
-        if self._last_ctl is not None:
-            self._last_ctl.observe_step(drafted, seconds, committed)
-
-    def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
-        super().feedback(tree, accepted_nodes, bonus)
-        if self._last_ctl is not None:
-            self._last_ctl.update(tree.max_depth(), len(accepted_nodes))
+    def feedback(self, step: StepFeedback) -> None:
+        # every draft updates the acceptance of the controller handed in; the bucket that
+        # chose the draft also learns acceptance and step cost
+        depth, kept = step.tree.max_depth(), len(step.accepted)
+        self.adaptive.update(depth, kept)
+        ctl = self._last_ctl
+        if ctl is not None:
+            ctl.update(depth, kept)
+            if step.seconds is not None:
+                ctl.observe_step(depth, step.seconds, step.committed)

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from speclive.backends.base import Backend, common_prefix_len
-from speclive.drafting.base import AdaptiveConfig, Drafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError
 
@@ -124,7 +124,8 @@ class SpecASRDrafter(Drafter):
             raise ConfigError(f"confidence threshold must be in [0, 1), got {cfg.threshold}")
         if cfg.max_len < 1:
             raise ConfigError(f"max_len must be >= 1, got {cfg.max_len}")
-        super().__init__(AdaptiveConfig(max_len=cfg.max_len, fixed=True))
+        # lengths come from the draft's confidence: the controller only records acceptance
+        super().__init__(AdaptiveLength(AdaptiveConfig(max_len=cfg.max_len, fixed=True)))
         self.cfg = cfg
         self.draft = draft
         self.bridge = bridge
@@ -136,8 +137,8 @@ class SpecASRDrafter(Drafter):
         #: stats: draft tokens reused without decoding
         self.recycled = 0
 
-    def bind(self, target: Backend) -> None:
-        super().bind(target)
+    def start(self, target: Backend, context: Sequence[int]) -> None:
+        super().start(target, context)
         if self.bridge is None:
             if self.draft.vocab_size != target.vocab_size:
                 raise ConfigError(
@@ -145,8 +146,6 @@ class SpecASRDrafter(Drafter):
                     f"(vocab {target.vocab_size}) do not share a vocabulary: pass a VocabBridge"
                 )
             self.bridge = IdentityBridge(target.tokenizer.eos_ids)
-
-    def begin(self, context: Sequence[int]) -> None:
         self._last, self._last_probs = [], []
 
     # ---- helpers --------------------------------------------------------------------
@@ -271,7 +270,7 @@ class SpecASRDrafter(Drafter):
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         if budget <= 0:
             return DraftTree()
-        assert self.bridge is not None, "bind() the drafter to a target first"
+        assert self.bridge is not None, "start() the drafter on a target first"
         dctx = self.bridge.to_draft(context)
         trunk, probs, marks = self._trunk(dctx, budget)
         self._last, self._last_probs = dctx + trunk, probs

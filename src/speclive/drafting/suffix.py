@@ -26,7 +26,7 @@ steps. But whether a probe would be accepted is already decided by the tokens th
 commits without it: under greedy acceptance a node is accepted exactly when it equals the
 target's next token, which the plain AR step commits anyway. So probes are not sent; they are
 kept and scored against the committed tokens at the next ``propose`` (``_resolve_free_probe``),
-through the same ``feedback`` as a verified probe (same calibration, same back-off). When
+through the same learning as a verified probe (same calibration, same back-off). When
 nothing pays, the drafter therefore verifies nothing at all and runs at AR speed, minus a
 lookup.
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from speclive.backends.base import Backend
-from speclive.drafting.base import Drafter
+from speclive.drafting.base import AdaptiveLength, Drafter, StepFeedback
 from speclive.drafting.datastore import SuffixDatastore
 from speclive.drafting.ngram import (
     BUCKET_PRIOR,
@@ -127,8 +127,15 @@ class LookupStats:
 class SuffixDrafter(Drafter):
     name = "suffix"
 
-    def __init__(self, datastore: SuffixDatastore | None = None, config: SuffixConfig | None = None):
-        super().__init__()
+    def __init__(
+        self,
+        datastore: SuffixDatastore | None = None,
+        config: SuffixConfig | None = None,
+        adaptive: AdaptiveLength | None = None,
+    ):
+        # the tree is selected by expected gain (``choose``), with its own probe back-off;
+        # ``adaptive`` is the length controller of a subclass's model chain
+        super().__init__(adaptive)
         self.cfg = config or SuffixConfig()
         self.cfg.validate()
         self.store = datastore
@@ -152,7 +159,7 @@ class SuffixDrafter(Drafter):
         # per tracked chain of the last proposal: its node indices in the proposed tree
         self._chains: dict[str, list[int]] = {}
         # a free probe not resolved yet: (context length when proposed, its tree, the
-        # calibration keys/raw scores and tracked chains ``feedback`` needs, was it a probe of
+        # calibration keys/raw scores and tracked chains ``_learn`` needs, was it a probe of
         # the whole drafter)
         self._free: tuple[int, DraftTree, list[tuple[str, float]], dict[str, list[int]], bool] | None
         self._free = None
@@ -162,12 +169,8 @@ class SuffixDrafter(Drafter):
         self.detail = f"datastore={self.store.n if self.store else 0} tokens"
 
     # ---- lifecycle ------------------------------------------------------------------
-    def begin(self, context: Sequence[int]) -> None:
-        self.request.reset(context)
-        self._free = None
-
-    def bind(self, target: Backend) -> None:
-        super().bind(target)
+    def start(self, target: Backend, context: Sequence[int]) -> None:
+        super().start(target, context)
         if self.store is not None:
             v = self.store.meta.get("tokenizer", {}).get("vocab_size")
             if v is not None and int(v) != int(target.tokenizer.vocab_size):
@@ -175,6 +178,8 @@ class SuffixDrafter(Drafter):
                     f"the datastore was built for a tokenizer of {v} tokens, {target.name} has "
                     f"{target.tokenizer.vocab_size}: rebuild it for this model"
                 )
+        self.request.reset(context)
+        self._free = None
 
     # ---- retrieval ------------------------------------------------------------------
     def retrieve(self, context: Sequence[int]) -> Candidates:
@@ -246,7 +251,7 @@ class SuffixDrafter(Drafter):
         return (self._lookup_ema or 0.0) / t1 if t1 else 0.0
 
     def _max_leaves(self) -> int | None:
-        return getattr(self.target, "max_tree_branches", None)
+        return self.target.max_tree_branches if self.target is not None else None
 
     def choose(self, cand: Candidates, budget: int, draft_cost: float, keep: Sequence[int] = ()) -> DraftTree:
         """Select the nodes to verify (with probing when drafting is off) and remember them.
@@ -267,7 +272,7 @@ class SuffixDrafter(Drafter):
             nodes, gain = list(cand.probe), self.cfg.min_gain  # the chain's probe: its own back-off
             probe = True
         # a probe of the drafter (nodes without expected gain) doubles the back-off unless
-        # something of it is accepted (``feedback``); drafts expected to pay leave it alone
+        # something of it is accepted (``_learn``); drafts expected to pay leave it alone
         self._probing = bool(nodes) and gain < self.cfg.min_gain
         if nodes:
             self._off = 0
@@ -313,13 +318,19 @@ class SuffixDrafter(Drafter):
         self._free = None
         saved = self._last, self._chains, self._probing
         self._last, self._chains, self._probing = last, chains, probing
-        self.feedback(tree, path, seen[len(path)] if len(path) < len(seen) else -1)
+        self._learn(tree, path)
         self._last, self._chains, self._probing = saved
         self.free_probe_stats["probes"] += 1
         self.free_probe_stats["hits"] += int(bool(path))
         self.free_probe_stats["nodes"] += len(tree)
 
-    def feedback(self, tree: DraftTree, accepted_nodes: Sequence[int], bonus: int) -> None:
+    def feedback(self, step: StepFeedback) -> None:
+        # selection reads the target's measured cost curve directly: only acceptance is learned
+        self._learn(step.tree, step.accepted)
+
+    def _learn(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
+        """Back-off, chain controllers and calibration after ``accepted_nodes`` of ``tree``
+        (the last proposal, or a free probe) were accepted."""
         chains, self._chains = self._chains, {}
         if self._probing:
             self._backoff = self.cfg.probe_after if accepted_nodes else min(self._backoff * 2, 256)
@@ -352,9 +363,6 @@ class SuffixDrafter(Drafter):
             self.chain_ctl_output[int(name[len("chain:out") :])].update(drafted, kept)
         elif name.startswith("chain:"):
             self.chain_ctl[int(name.split(":", 1)[1])].update(drafted, kept)
-
-    def observe_step(self, drafted: int, seconds: float, committed: int = 1) -> None:
-        pass  # selection reads the target's measured cost curve directly
 
     def knowledge(self) -> dict:
         return {

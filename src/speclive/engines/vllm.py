@@ -35,7 +35,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -49,6 +49,7 @@ from speclive.decoder import (
     GenerationStats,
     StepEvent,
     checked_request,
+    drain,
 )
 from speclive.drafting.base import Drafter
 from speclive.errors import ConfigError, ContextOverflowError, EngineUnavailableError
@@ -186,6 +187,8 @@ class VLLMEngine:
     """
 
     kind = "vllm"
+    #: not a ``Backend``: sessions run on it through its own ``make_decoder`` loop
+    in_process = False
 
     def __init__(
         self,
@@ -382,9 +385,6 @@ class VLLMDecoder:
         self.drafter = drafter
         self.rule = rule
         self.replica = engine.acquire()
-        self.last_stats = GenerationStats()
-        self._out: list[int] = []
-        self._text = ""
         self._closed = False
 
     def close(self) -> None:
@@ -419,17 +419,16 @@ class VLLMDecoder:
 
     def generate(
         self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
-    ) -> Iterator[StepEvent]:
-        """Yield one ``StepEvent`` for the verification and one per streamed chunk after it."""
+    ) -> Generator[StepEvent, None, GenerationResult]:
+        """Yield one ``StepEvent`` for the verification and one per streamed chunk after it
+        (each carries the running ``stats``); the generator returns the ``GenerationResult``."""
         cfg, prompt = checked_request(prompt_ids, config)
         self._check_len(prompt)
         rep = self._usable()
         eng, tok = self.engine, self.engine.tokenizer
         stats = GenerationStats(prompt_tokens=len(prompt))
-        self.last_stats = stats
         commit = Commit(tok, cfg, stats)
         out = commit.out
-        self._out, self._text = out, ""
         t_start = time.perf_counter()
 
         draft, sources = self._draft(prompt, cfg)
@@ -459,7 +458,9 @@ class VLLMDecoder:
                 stats.accepted_by_source[s] = stats.accepted_by_source.get(s, 0) + 1
             committed, delta = commit.add([*accepted, ids[verdict.bonus]])
             stats.total_s = time.perf_counter() - t_start
-            yield StepEvent(committed, delta, len(draft), len(accepted), 0.0, t1 - t0, step_sources)
+            yield StepEvent(
+                committed, delta, len(draft), len(accepted), 0.0, t1 - t0, step_sources, stats=stats
+            )
         if not stats.finish_reason:
             remaining = cfg.max_tokens - len(out)
             chunks = eng.stream(
@@ -479,7 +480,7 @@ class VLLMDecoder:
                     stats.verify_s += t1 - t0
                     committed, delta = commit.add(new)
                     stats.total_s = time.perf_counter() - t_start
-                    yield StepEvent(committed, delta, 0, 0, 0.0, t1 - t0)
+                    yield StepEvent(committed, delta, 0, 0, 0.0, t1 - t0, stats=stats)
                     if stats.finish_reason:
                         break
                     t0 = time.perf_counter()
@@ -489,7 +490,7 @@ class VLLMDecoder:
                 stats.finish_reason = "length" if len(out) >= cfg.max_tokens else "eos"
         stats.new_tokens = len(out)
         stats.total_s = time.perf_counter() - t_start
-        self._text = commit.full
+        return GenerationResult(list(out), commit.full, stats)
 
     def _draft(self, prompt: list[int], cfg: GenerationConfig) -> tuple[list[int], list[str]]:
         """The previous output as one chain (what fits before ``max_tokens``), with its sources."""
@@ -501,14 +502,8 @@ class VLLMDecoder:
         forced = min(d.forced, len(draft))  # type: ignore[attr-defined]
         return draft, ["forced"] * forced + ["history"] * (len(draft) - forced)
 
-    @property
-    def last_token_ids(self) -> list[int]:
-        return list(self._out)
-
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
-        for _ in self.generate(prompt_ids, config):
-            pass
-        return GenerationResult(list(self._out), self._text, self.last_stats)
+        return drain(self.generate(prompt_ids, config))
 
 
 def connect(

@@ -58,7 +58,8 @@ class LiveModels:
         self.transcriber.transcribe(tone)  # type: ignore[attr-defined]
         if self.tts is not None:
             self.tts.synthesize("Ready.")  # type: ignore[attr-defined]
-        if self.llm is not None and hasattr(self.llm, "new_state"):  # a vLLM engine is warm
+        # a vLLM engine (``in_process`` False) is warm
+        if self.llm is not None and self.llm.in_process:  # type: ignore[attr-defined]
             llm = self.llm
             state = llm.new_state()  # type: ignore[attr-defined]
             try:

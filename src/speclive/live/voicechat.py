@@ -305,7 +305,7 @@ class VoiceChat(LivePipeline):
         if first_play is None and self._first_ready is not None:  # no TTS: the text is what is ready
             first_play = max(self._first_ready, eot)
         ready = self._first_ready
-        final_stats = r.decoder.last_stats if (r is not None and resp is not None) else None
+        final_stats = resp.stats if resp is not None else None
         accepted = sum(u.accepted for u in ups)
         drafted = sum(u.drafted for u in ups)
         if final_stats is not None and self.mode == "predgen":

@@ -84,10 +84,10 @@ class ChatEngine:
         self.n_ctx = backend.n_ctx
         #: generations that can hold a KV state at once (llama.cpp: ``max_states``; more would
         #: evict each other's caches)
-        self.max_parallel: int | None = getattr(backend, "max_states", None)
+        self.max_parallel: int | None = backend.max_states if backend.in_process else None
         #: called with the number of passes of each batched verification (metrics)
         self.on_batch: Callable[[int], None] | None = None
-        if hasattr(backend, "restore_evicted"):
+        if backend.in_process:
             # realtime sessions hold KV states too: a state evicted to make room for another
             # session is prefilled again when its owner next needs it, instead of failing it
             backend.restore_evicted = True
@@ -119,8 +119,7 @@ class ChatEngine:
             device=config.device,
             max_states=states,
         )
-        if hasattr(backend, "reserve_kv"):
-            backend.reserve_kv()  # the KV cells' memory is taken now, not turn by turn
+        backend.reserve_kv()  # the KV cells' memory is taken now, not turn by turn
         engine = cls(backend, config)
         # a drafter recipe that cannot be built (a missing --draft-model) fails the load, not
         # every request; this also loads a draft model now rather than on the first request
@@ -172,9 +171,14 @@ class ChatEngine:
         if not isinstance(dec, SpeculativeDecoder):  # a remote engine runs its own loop
             steps = dec.generate(ids, cfg)
             try:
-                for ev in steps:
+                while True:
+                    try:
+                        ev = next(steps)
+                    except StopIteration as done:  # the generator returns the result
+                        result = done.value
+                        break
                     yield ChatDelta(ev.text, len(ev.tokens), ev.drafted, ev.accepted)
-                yield ChatDone(dec.last_stats)
+                yield ChatDone(result.stats)
             finally:
                 steps.close()  # the drafter's end() before the state goes
                 dec.close()

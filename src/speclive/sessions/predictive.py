@@ -40,7 +40,7 @@ import numpy as np
 
 from speclive.acceptance import ForcedRule, GreedyRule, SourceRule, TopKRule
 from speclive.backends.base import Backend
-from speclive.decoder import GenerationConfig, make_decoder
+from speclive.decoder import GenerationConfig, GenerationStats, make_decoder
 from speclive.drafting.history import HistoryDrafter
 from speclive.errors import ConfigError, SessionClosedError
 from speclive.tts.base import TTS, Audio
@@ -132,6 +132,8 @@ class PredGenResponse:
     audio: list[Audio] = field(default_factory=list, repr=False)
     total_s: float = 0.0
     forwards: int = 0
+    #: the totals of the answer's generation
+    stats: GenerationStats | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -231,7 +233,7 @@ class PredictiveResponder:
         self.speculative = cfg.mode == "predgen"
         self.kind, rule = _parse_verifier(cfg.verifier)
         self.one_pass_first = cfg.first_pass == "sentence"
-        if self.kind == "reflection" and self.speculative and not hasattr(model, "new_state"):
+        if self.kind == "reflection" and self.speculative and not model.in_process:
             raise ConfigError(
                 f"the reflection verifier reads the yes/no logits of an in-process backend; on the "
                 f"{model.kind} engine use greedy or topk:K"
@@ -315,8 +317,8 @@ class PredictiveResponder:
         gen = GenerationConfig(max_tokens=max(1, self.cfg.max_tokens - len(prefix)), max_draft_nodes=512)
         return self.decoder.generate(prompt + prefix, gen), prefix, judge_forwards
 
-    def _forwards(self, judge_forwards: int) -> int:
-        st = self.decoder.last_stats
+    @staticmethod
+    def _forwards(judge_forwards: int, st: GenerationStats) -> int:
         return judge_forwards + st.prefill_forwards + st.target_forwards
 
     def _run(self, partial: str, deadline: float | None = None, resume: bool = False) -> dict:
@@ -327,9 +329,10 @@ class PredictiveResponder:
         events, prefix, judge_forwards = self._start(partial, resume=resume)
         out: list[int] = list(prefix)
         first_end, extra = -1, 0
+        stats = GenerationStats()
         try:
             for ev in events:
-                stats = self.decoder.last_stats  # the generator made it on its first step
+                stats = ev.stats  # the generation's totals (final once it is over or closed)
                 out.extend(ev.tokens)
                 if first_end < 0:
                     text = self.tok.decode(out)
@@ -342,7 +345,6 @@ class PredictiveResponder:
                     break  # the partial candidate is kept: the next update verifies and extends it
         finally:
             events.close()
-        stats = self.decoder.last_stats
         text = self.tok.decode(out)
         # cut off by a deadline before the first sentence ended: no first sentence (yet)
         cut_off = first_end < 0 and not stats.finish_reason
@@ -353,7 +355,7 @@ class PredictiveResponder:
             "ids": out,
             "text": text,
             "first": text[:first_end].strip() if first_end >= 0 else "",
-            "forwards": self._forwards(judge_forwards),
+            "forwards": self._forwards(judge_forwards, stats),
             "drafted": sum(stats.drafted_by_source.get(s, 0) for s in ("history", "forced")),
             "accepted": sum(stats.accepted_by_source.get(s, 0) for s in ("history", "forced")),
         }
@@ -384,7 +386,8 @@ class PredictiveResponder:
         return (self._synth_per_char or 0.0) * len(sentence)
 
     # ---- the session protocol ------------------------------------------------------------
-    #: ``update`` takes a ``deadline`` (``simulate_user`` passes the next word's arrival)
+    #: ``update`` takes a ``deadline`` (``simulate_user`` passes the next word's arrival;
+    #: ``sessions.simulate.StreamingSession``)
     supports_deadline = True
 
     def update(
@@ -524,7 +527,7 @@ class PredictiveResponder:
                 if first is None:
                     first = sentence
                     ttfs = time.perf_counter() - t0
-                    nfetfs = self._forwards(judge_forwards) if n_steps else 0
+                    nfetfs = self._forwards(judge_forwards, stats) if n_steps else 0
                     presynth_used = self.presynth is not None and self.presynth[0] == sentence
                     if presynth_used:
                         first_audio = self.presynth[1]  # type: ignore[index]
@@ -541,20 +544,22 @@ class PredictiveResponder:
                 n_sentences += 1
 
         n_steps = 0
+        stats = GenerationStats()
         try:
             if prefix:  # a resumed candidate may hold whole sentences: they need no decoding
                 text = self.tok.decode(out)
                 yield from parts(complete=False)
             for ev in events:
                 n_steps += 1
+                stats = ev.stats
                 out.extend(ev.tokens)
                 text = self.tok.decode(out)
-                yield from parts(complete=bool(self.decoder.last_stats.finish_reason))
+                yield from parts(complete=bool(stats.finish_reason))
         finally:
             events.close()
         if first is None:  # an empty answer
             first, ttfs = "", time.perf_counter() - t0
-            latency, nfetfs = ttfs, self._forwards(judge_forwards)
+            latency, nfetfs = ttfs, self._forwards(judge_forwards, stats)
         self.candidate = out
         response = PredGenResponse(
             response=text.strip(),
@@ -567,7 +572,8 @@ class PredictiveResponder:
             first_audio=first_audio,
             audio=audio,
             total_s=time.perf_counter() - t0,
-            forwards=self._forwards(judge_forwards),
+            forwards=self._forwards(judge_forwards, stats),
+            stats=stats,
         )
         yield ReplyPart("done", response=response)
 

@@ -109,6 +109,9 @@ class RetranslateConfig:
 class ReTranslator:
     """Session: ``update(partial)`` per source revision, ``finish()`` once at the end."""
 
+    #: ``update`` takes no deadline (``sessions.simulate.StreamingSession``)
+    supports_deadline = False
+
     def __init__(self, model: Backend, config: RetranslateConfig | None = None, **overrides):
         cfg = config or RetranslateConfig()
         if overrides:

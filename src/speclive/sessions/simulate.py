@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any, Protocol
 
 
 def lag_k_prefixes(text: str, k: int = 3) -> list[str]:
@@ -41,7 +42,18 @@ def word_arrivals(text: str, cpm: float = 600.0) -> list[tuple[str, float]]:
     return out
 
 
-def simulate_user(session, text: str, cpm: float = 600.0) -> tuple[object, dict]:
+class StreamingSession(Protocol):
+    """What ``simulate_user`` drives: ``update`` per partial input, ``finish`` for the final one."""
+
+    #: ``update`` takes a ``deadline`` keyword (a ``time.perf_counter()`` value) and may yield then
+    supports_deadline: bool
+
+    def update(self, partial: str, *args: Any, **kwargs: Any) -> Any: ...
+
+    def finish(self, final: str) -> Any: ...
+
+
+def simulate_user(session: StreamingSession, text: str, cpm: float = 600.0) -> tuple[object, dict]:
     """Feed ``text`` to a session as a user speaking at ``cpm`` characters per minute.
 
     An honest clock: a partial prompt (whole words only: the word being spoken is dropped)
@@ -66,7 +78,7 @@ def simulate_user(session, text: str, cpm: float = 600.0) -> tuple[object, dict]
             now = arrivals[ready][1]
             continue
         t0 = time.perf_counter()
-        if getattr(session, "supports_deadline", False):
+        if session.supports_deadline:
             # the session may yield when the next word ends (it would see new input then)
             session.update(" ".join(words[:ready]), deadline=t0 + (arrivals[ready][1] - now))
         else:
