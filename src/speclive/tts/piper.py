@@ -13,7 +13,7 @@ from speclive.tts.base import Audio, timed
 class PiperTTS:
     name = "piper"
 
-    def __init__(self, voice: str = "piper-joe-medium", threads: int | None = None):
+    def __init__(self, voice: str = "piper-joe-medium", threads: int | None = None, arena: bool = True):
         try:
             from piper import PiperVoice
         except ImportError as e:  # pragma: no cover - depends on the install
@@ -31,14 +31,20 @@ class PiperTTS:
             install(voice, progress=False)
             path = installed_path(voice)
         self.voice = PiperVoice.load(str(path))
-        if threads is not None:  # onnxruntime sessions take their thread count at creation
-            import onnxruntime as ort
+        import onnxruntime as ort
 
-            so = ort.SessionOptions()
+        # The session is made again with options of our own (threads are fixed at creation).
+        # ``arena``: onnxruntime's CPU arena grows by powers of two to the largest sentence
+        # seen and never gives memory back (a server's resident memory steps up by ~100 MB
+        # when a longer sentence comes); without it a synthesis's buffers are freed when it
+        # ends, but synthesis is slower (docs/server.md, soak).
+        so = ort.SessionOptions()
+        so.enable_cpu_mem_arena = arena
+        if threads is not None:
             so.intra_op_num_threads = int(threads)
-            self.voice.session = ort.InferenceSession(
-                str(path), sess_options=so, providers=["CPUExecutionProvider"]
-            )
+        self.voice.session = ort.InferenceSession(
+            str(path), sess_options=so, providers=["CPUExecutionProvider"]
+        )
         self.sample_rate = int(self.voice.config.sample_rate)
         self.name = f"piper:{path.stem}"
 
