@@ -44,9 +44,11 @@ def test_a_draft_model_that_cannot_pay_is_never_prefilled():
 
 
 def test_a_cheap_draft_model_passes_the_gate_and_drafts():
-    target = MarkovLM("target", sleep=0.004)
+    # steps long enough that a loaded machine's wake-up delays (a few ms under parallel test
+    # workers) cannot make the draft look as costly as the target
+    target = MarkovLM("target", sleep=0.03)
     ref = _run(target)
-    draft = MarkovLM("cheap-draft", sleep=0.0002, wrong=7)
+    draft = MarkovLM("cheap-draft", sleep=0.001, wrong=7)
     d = ModelDrafter(draft)
     said: list[str] = []
     d.log = said.append

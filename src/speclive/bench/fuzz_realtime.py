@@ -618,7 +618,10 @@ def _scenarios(
         # each update is echoed back in full by session.updated: the server's writes pile up fast
         big = json.dumps({"type": "session.update", "session": {"instructions": "p" * 200_000}})
         sent = 0
-        sock.settimeout(1.0)
+        # the client gives up on a blocked send only after the server's send timeout: a shorter
+        # wait would stop it while the kernel's socket buffers are still growing, the server's
+        # writes then all fit, and the session ends as idle (1000), not as a slow consumer
+        sock.settimeout(config.realtime_send_timeout_s + 2.0)
         deadline = time.time() + config.realtime_send_timeout_s + 60
         try:
             while time.time() < deadline:

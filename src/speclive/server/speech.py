@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
@@ -56,19 +55,14 @@ class TextToSpeech:
     def load(cls, config: ServerConfig) -> TextToSpeech:
         from speclive.tts.piper import PiperTTS
 
-        return cls(PiperTTS(config.tts_voice, threads=config.threads))
+        tts = PiperTTS(config.tts_voice, threads=config.threads)
+        tts.reserve()  # its memory is taken at start-up, not sentence by sentence
+        return cls(tts)
 
     def synthesize(self, text: str, speed: float = 1.0) -> Audio:
         """Speech for ``text``; ``speed`` > 1 speaks faster (Piper's length scale 1/speed)."""
-        voice: Any = getattr(self.tts, "voice", None)
-        if speed == 1.0 or voice is None:
-            return self.tts.synthesize(text)
-        import time
+        from speclive.tts.piper import PiperTTS
 
-        from piper import SynthesisConfig
-
-        t0 = time.perf_counter()
-        syn = SynthesisConfig(length_scale=1.0 / speed)
-        chunks = [c.audio_float_array for c in voice.synthesize(text, syn)]
-        samples = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
-        return Audio(samples.astype(np.float32), self.sample_rate, time.perf_counter() - t0)
+        if speed != 1.0 and isinstance(self.tts, PiperTTS):  # the voice that takes a speed
+            return self.tts.synthesize(text, speed=speed)
+        return self.tts.synthesize(text)

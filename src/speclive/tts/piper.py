@@ -8,6 +8,12 @@ import numpy as np
 
 from speclive.errors import BackendUnavailableError, ConfigError
 from speclive.tts.base import Audio, timed
+from speclive.tts.sentences import bounded_pieces
+
+#: longest text one onnxruntime run synthesizes: longer sentences are split at a clause mark or
+#: a space (``bounded_pieces``), which keeps the memory a voice needs bounded
+MAX_RUN_CHARS = 320
+RESERVE_TEXT = "Speech synthesis reserves the memory its longest sentence needs, once, at the start"
 
 
 class PiperTTS:
@@ -34,10 +40,9 @@ class PiperTTS:
         import onnxruntime as ort
 
         # The session is made again with options of our own (threads are fixed at creation).
-        # ``arena``: onnxruntime's CPU arena grows by powers of two to the largest sentence
-        # seen and never gives memory back (a server's resident memory steps up by ~100 MB
-        # when a longer sentence comes); without it a synthesis's buffers are freed when it
-        # ends, but synthesis is slower (docs/server.md, soak).
+        # ``arena``: onnxruntime's CPU arena grows by powers of two to the largest input seen
+        # and never gives memory back; inputs are bounded (``MAX_RUN_CHARS``) and ``reserve()``
+        # sizes it once. Without the arena synthesis is about a quarter slower (docs/server.md).
         so = ort.SessionOptions()
         so.enable_cpu_mem_arena = arena
         if threads is not None:
@@ -48,9 +53,29 @@ class PiperTTS:
         self.sample_rate = int(self.voice.config.sample_rate)
         self.name = f"piper:{path.stem}"
 
-    def _samples(self, text: str) -> np.ndarray:
-        chunks = [c.audio_float_array for c in self.voice.synthesize(text)]
+    def _samples(self, text: str, length_scale: float | None = None) -> np.ndarray:
+        syn = None
+        if length_scale is not None:
+            from piper import SynthesisConfig
+
+            syn = SynthesisConfig(length_scale=length_scale)
+        # one onnxruntime run per bounded piece: the arena never needs more than the largest
+        chunks = [
+            c.audio_float_array
+            for piece in bounded_pieces(text, MAX_RUN_CHARS)
+            for c in self.voice.synthesize(piece, syn)
+        ]
         return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
 
-    def synthesize(self, text: str) -> Audio:
-        return timed(self._samples, text, self.sample_rate)
+    def synthesize(self, text: str, speed: float = 1.0) -> Audio:
+        """Speech for ``text``; ``speed`` > 1 speaks faster (Piper's length scale 1/speed)."""
+        scale = None if speed == 1.0 else 1.0 / speed
+        return timed(lambda t: self._samples(t, scale), text, self.sample_rate)
+
+    def reserve(self) -> float:
+        """Synthesize one text of ``MAX_RUN_CHARS`` now, so the arena holds what the longest
+        piece needs from the start (a server's memory is then known when it starts, not
+        reached sentence by sentence); returns the seconds it took."""
+        words = (RESERVE_TEXT + " ") * (MAX_RUN_CHARS // len(RESERVE_TEXT) + 1)
+        text = words[: words.rfind(" ", 0, MAX_RUN_CHARS)] + "."
+        return self.synthesize(text).synth_s

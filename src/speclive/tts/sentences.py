@@ -63,3 +63,37 @@ def split_sentences(text: str, line_breaks: bool = False) -> list[str]:
         out.append(rest[:end].strip())
         rest = rest[end:]
     return out
+
+
+def bounded_pieces(text: str, max_chars: int) -> list[str]:
+    """``text`` in consecutive pieces of at most ``max_chars`` characters, for a synthesizer
+    whose memory grows with the longest input it is given.
+
+    Pieces end at sentence ends where they can (a text of short sentences is split between
+    them, as a synthesizer would speak them anyway), else after a clause mark (``,`` ``;``
+    ``:``), else at a space; a single word longer than ``max_chars`` stays whole. Joined with
+    spaces, the pieces give back the text's words in order.
+    """
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    text = text.strip()
+    pieces: list[str] = []
+    while len(text) > max_chars:
+        head = text[: max_chars + 1]
+        cut = -1
+        for pattern in (_END, _CLAUSE):
+            ends = [m.end() for m in pattern.finditer(head) if m.end() <= max_chars]
+            if ends:
+                cut = ends[-1]
+                break
+        if cut <= 0:
+            cut = head.rfind(" ")
+        if cut <= 0:  # one long word: up to the next space
+            cut = text.find(" ", max_chars)
+            if cut < 0:
+                break
+        pieces.append(text[:cut].strip())
+        text = text[cut:].strip()
+    if text:
+        pieces.append(text)
+    return [p for p in pieces if p]
