@@ -14,7 +14,7 @@ from pathlib import Path
 from test_async_fake import MarkovLM, V  # noqa: E402
 
 import speclive
-from speclive.backends.base import Backend
+from speclive.backends.base import Backend, CostModel
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
 from speclive.drafting.model import GATE_STEPS, ModelDrafter
 
@@ -48,6 +48,8 @@ def test_a_cheap_draft_model_passes_the_gate_and_drafts():
     # workers) cannot make the draft look as costly as the target
     target = MarkovLM("target", sleep=0.03)
     ref = _run(target)
+    # its verification costs the same at every length (each call sleeps once), as on a GPU
+    target.cost = CostModel({1: 1.0, 64: 1.0})
     draft = MarkovLM("cheap-draft", sleep=0.001, wrong=7)
     d = ModelDrafter(draft)
     said: list[str] = []
@@ -249,3 +251,32 @@ def test_cold_methods_and_cold_vs_warm_table():
     assert abs(rows[("ngram", False)]["cold_of_warm"] - 0.75) < 1e-9
     assert abs(rows[("ngram", True)]["cold_gain_of_warm_gain"] - 5 / 6) < 1e-9
     assert rows[("llama-cpp-pld", False)]["measure"] == "speedup"
+
+
+def test_the_gate_charges_the_draft_caches_catch_up_to_the_generation():
+    """A draft model whose per-step gain is small stays off when bringing its cache up to the
+    new prompt would cost more than that gain wins back; with a cheap catch-up it drafts."""
+    from speclive.drafting.model import GATE_HORIZON, catch_up_cost
+
+    context = list(range(1, 200))
+    verdicts = {}
+    for prefill in ("cheap", "costly"):
+        target, draft = MarkovLM("target", 0.0), MarkovLM("draft", 0.0)
+        # a CPU-like verification curve: each extra token costs 0.45 of a step
+        target.cost = CostModel({1: 1.0, 64: 1 + 0.45 * 63})
+        target.cost.set_seconds(1, 0.030)
+        # the draft's cost of a k-token prefill: flat, or 5 steps per token
+        draft.cost = CostModel({1: 1.0, 64: 1.0 if prefill == "cheap" else 5.0 * 64})
+        draft.cost.set_seconds(1, 0.001)
+        d = ModelDrafter(draft)
+        said: list[str] = []
+        d.log = said.append
+        d.start(target, context)
+        verdicts[prefill] = d._gate(context)
+        _, best = d.adaptive._best()
+        assert best >= d.adaptive.cfg.min_gain  # per step, drafting would pay in both cases
+        catch_up = catch_up_cost(draft, d.state, context[-96:], d.adaptive.draft_ratio)
+        if prefill == "costly":
+            assert GATE_HORIZON / (GATE_HORIZON / best + catch_up) < d.adaptive.cfg.min_gain
+            assert len(said) == 1 and "catch-up" in said[0] and not d.state.tokens
+    assert verdicts == {"cheap": True, "costly": False}

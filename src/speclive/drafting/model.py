@@ -47,6 +47,9 @@ DEFAULT_WINDOW = 96
 CEILING_ALPHA = 0.95
 #: one-token steps timed to measure a draft model's step cost (the fastest counts)
 GATE_STEPS = 3
+#: target steps over which the gate lets a generation's drafting pay back the prefill of the
+#: draft cache up to the new prompt (half the usual 128-token answer, counted in AR steps)
+GATE_HORIZON = 64
 
 
 def _stderr(msg: str) -> None:
@@ -225,15 +228,20 @@ class ModelDrafter(Drafter):
             self._measure_draft_step(int(context[-1]))
         self._update_costs()
         k, best = ctl._best()
-        if best >= ctl.cfg.min_gain:
+        # the draft cache must first be brought up to this prompt (one prefill): a gain per step
+        # that cannot pay that back over the horizon is a loss for this generation
+        catch_up = catch_up_cost(self.draft, self.state, context[self._start :], ctl.draft_ratio)
+        overall = GATE_HORIZON / (GATE_HORIZON / best + catch_up)
+        if overall >= ctl.cfg.min_gain:
             return True
         ctl.off = True
         t_d = self.draft.cost.step_seconds() or 0.0
         self.gate_reason = (
             f"speclive: {self.name} drafter off: a step of {self.draft.name} takes {1000 * t_d:.1f} ms = "
             f"{ctl.draft_ratio:.2f} target steps ({1000 * t_t:.1f} ms); at acceptance {ctl.alpha:.2f} "
-            f"the best draft length ({k}) would give {best:.2f}x of plain decoding "
-            f"(< {ctl.cfg.min_gain:.2f}x needed): the draft model is not prefilled"
+            f"the best draft length ({k}) would give {best:.2f}x of plain decoding, "
+            f"{overall:.2f}x after the draft cache's catch-up ({catch_up:.1f} target steps) over "
+            f"{GATE_HORIZON} steps (< {ctl.cfg.min_gain:.2f}x needed): the draft model is not prefilled"
         )
         if not self._said:
             self._said = True
