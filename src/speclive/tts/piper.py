@@ -19,7 +19,7 @@ RESERVE_TEXT = "Speech synthesis reserves the memory its longest sentence needs,
 class PiperTTS:
     name = "piper"
 
-    def __init__(self, voice: str = "piper-joe-medium", threads: int | None = None, arena: bool = True):
+    def __init__(self, voice: str = "piper-joe-medium", threads: int | None = None):
         try:
             from piper import PiperVoice
         except ImportError as e:  # pragma: no cover - depends on the install
@@ -37,19 +37,17 @@ class PiperTTS:
             install(voice, progress=False)
             path = installed_path(voice)
         self.voice = PiperVoice.load(str(path))
-        import onnxruntime as ort
+        # onnxruntime's CPU arena grows by powers of two to the largest input seen and never
+        # gives memory back: inputs are bounded (``MAX_RUN_CHARS``) and ``reserve()`` sizes it
+        # once (without the arena synthesis is about a quarter slower, docs/server.md)
+        if threads is not None:  # onnxruntime sessions take their thread count at creation
+            import onnxruntime as ort
 
-        # The session is made again with options of our own (threads are fixed at creation).
-        # ``arena``: onnxruntime's CPU arena grows by powers of two to the largest input seen
-        # and never gives memory back; inputs are bounded (``MAX_RUN_CHARS``) and ``reserve()``
-        # sizes it once. Without the arena synthesis is about a quarter slower (docs/server.md).
-        so = ort.SessionOptions()
-        so.enable_cpu_mem_arena = arena
-        if threads is not None:
+            so = ort.SessionOptions()
             so.intra_op_num_threads = int(threads)
-        self.voice.session = ort.InferenceSession(
-            str(path), sess_options=so, providers=["CPUExecutionProvider"]
-        )
+            self.voice.session = ort.InferenceSession(
+                str(path), sess_options=so, providers=["CPUExecutionProvider"]
+            )
         self.sample_rate = int(self.voice.config.sample_rate)
         self.name = f"piper:{path.stem}"
 
