@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import wave
 
 import numpy as np
@@ -64,8 +65,17 @@ def test_resampling_and_stereo(tmp_path, ar):
     _wav(stereo, np.stack([samples, samples * 0.5], axis=1).reshape(-1), rate, channels=2)
     b = load_audio(stereo)
     assert b.ndim == 1 and abs(len(b) - len(a)) <= 1
-    ref = ar.transcribe(clips_16k()[0][1]).text
-    assert ar.transcribe(b).text == ref
+    n = min(len(a), len(b))
+    # the mix-down is the channels' mean: 0.75 of the mono signal, to int16 rounding
+    assert np.max(np.abs(b[:n] - 0.75 * a[:n])) < 1e-3
+    # Whisper's words survive the resampling (its casing may flip with the level: a near-tie)
+    ref = _words(ar.transcribe(clips_16k()[0][1]).text)
+    assert ref and _words(ar.transcribe(a).text) == ref
+    assert _words(ar.transcribe(b).text) == ref
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())
 
 
 def test_empty_and_silent_audio(tmp_path, ar):
