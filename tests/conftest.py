@@ -40,9 +40,18 @@ def llama_smol():
     return load_backend(SMALL, "llamacpp", n_ctx=2048)
 
 
-@pytest.fixture(params=["hf", "llamacpp"])
+@pytest.fixture(scope="session")
+def static_smol(hf_smol):
+    """The static-cache backend (``hf_static``) over the same weights, without CUDA graphs."""
+    from speclive.backends.hf_static import StaticHFBackend
+
+    return StaticHFBackend(hf_smol.model, hf_smol.tokenizer, name=hf_smol.name, n_ctx=2048, graphs=False)
+
+
+@pytest.fixture(params=["hf", "hf-static", "llamacpp"])
 def any_smol(request):
-    return request.getfixturevalue("hf_smol" if request.param == "hf" else "llama_smol")
+    names = {"hf": "hf_smol", "hf-static": "static_smol", "llamacpp": "llama_smol"}
+    return request.getfixturevalue(names[request.param])
 
 
 @pytest.fixture(scope="session", autouse=True)

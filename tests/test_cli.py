@@ -79,8 +79,18 @@ def test_demo_runs_side_by_side(capsys):
 
 def test_console_entry_point_runs():
     proc = subprocess.run(
-        [sys.executable, "-m", "speclive.cli", "generate", "--model", SMALL, "--max-tokens", "8",
-         "--json", "Hi"],
+        [
+            sys.executable,
+            "-m",
+            "speclive.cli",
+            "generate",
+            "--model",
+            SMALL,
+            "--max-tokens",
+            "8",
+            "--json",
+            "Hi",
+        ],
         capture_output=True,
         text=True,
         timeout=300,

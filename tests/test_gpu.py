@@ -115,3 +115,42 @@ def test_cuda_ssbd_session_reuses_the_previous_output(cuda_qwen):
     assert same >= len(ar_updates) - 1, (same, len(ar_updates))
     _, ssbd_m = runs["ssbd"]
     assert ssbd_m["accepted"] > 0 and ssbd_m["target_forwards"] < ar_m["target_forwards"]
+
+
+def test_whisper_device_is_checked_before_loading():
+    from speclive.asr.whisper import load_whisper
+
+    with pytest.raises(ConfigError, match="invalid device"):
+        load_whisper("whisper-tiny.en", device="warp-drive")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA GPU"):
+            load_whisper("whisper-tiny.en", device="cuda")
+
+
+@needs_cuda
+def test_cuda_whisper_speculation_matches_ar():
+    """SpecASR and plain SD on the GPU against AR there (clips: ``SPECLIVE_CLIPS``, a folder that
+    ``speclive bench asr --save-clips`` wrote; a GPU machine has no Piper)."""
+    import os
+    from pathlib import Path
+
+    from speclive.asr.transcribe import TranscribeConfig, Transcriber
+    from speclive.asr.whisper import load_whisper
+    from speclive.bench.asr import clips_from
+
+    folder = os.environ.get("SPECLIVE_CLIPS")
+    if not folder:
+        pytest.skip("SPECLIVE_CLIPS names no clips folder (speclive bench asr --save-clips DIR)")
+    clips = clips_from(Path(folder))
+    target = load_whisper("whisper-base", device="cuda")
+    assert target.device.type == "cuda" and target.default_cost_prior()[32] < 2.0
+    ar = Transcriber(TranscribeConfig(model="whisper-base", method="ar"), target=target)
+    runs = {
+        "specasr": Transcriber(TranscribeConfig(model="whisper-base", method="specasr"), target=target),
+        "sd-self": Transcriber(TranscribeConfig(method="sd", draft="self:2"), target=target),
+    }
+    for c in clips:
+        want = ar.transcribe(c.audio).token_ids
+        for name, tr in runs.items():
+            assert tr.transcribe(c.audio).token_ids == want, (name, c.name)
+    assert not runs["specasr"].draft_backend.int8  # float32 drafts off the CPU

@@ -279,7 +279,10 @@ def test_bench_refuses_a_datastore_holding_benchmark_answers(tmp_path):
         return str(out)
 
     opts = SimpleNamespace(
-        sets=["mtbench", "chat-heldout"], limit=limit, backends=["llamacpp"], methods=["ar"],
+        sets=["mtbench", "chat-heldout"],
+        limit=limit,
+        backends=["llamacpp"],
+        methods=["ar"],
         target="smollm2-135m-instruct",
     )
     opts.datastore = build(tmp_path / "leaky.npz")

@@ -83,6 +83,9 @@ class TranscribeConfig:
     silence_peak: float = 1e-3
     #: torch threads (None = torch's default)
     threads: int | None = None
+    #: torch device of the Whisper models ("cpu", "cuda", "cuda:1"); off the CPU drafts stay
+    #: float32 (``draft_int8`` is the CPU's fbgemm kernel)
+    device: str = "cpu"
 
 
 @dataclass
@@ -171,7 +174,7 @@ class Transcriber:
         if cfg.method == "faster-whisper":
             return
         self.target = target or load_whisper(
-            cfg.model, threads=cfg.threads, audio_margin_s=cfg.target_audio_margin_s
+            cfg.model, threads=cfg.threads, audio_margin_s=cfg.target_audio_margin_s, device=cfg.device
         )
         if cfg.method == "ar":
             return
@@ -182,15 +185,17 @@ class Transcriber:
     # ---- setup ----------------------------------------------------------------------
     def _load_draft(self, spec: str) -> WhisperBackend:
         assert self.target is not None
+        int8 = self.cfg.draft_int8 and self.target.device.type == "cpu"
         if spec == "self" or spec.startswith("self:"):
             n = int(spec.split(":", 1)[1]) if ":" in spec else self.cfg.self_layers
-            return self.target.shallow(n, vocab_limit=self.cfg.self_vocab, int8=self.cfg.draft_int8)
+            return self.target.shallow(n, vocab_limit=self.cfg.self_vocab, int8=int8)
         return load_whisper(
             spec,
             threads=self.cfg.threads,
             vocab_limit=self.cfg.draft_vocab,
-            int8=self.cfg.draft_int8,
+            int8=int8,
             audio_margin_s=self.cfg.draft_audio_margin_s,
+            device=str(self.target.device),
         )
 
     def _make_drafter(self, draft: WhisperBackend) -> Drafter:

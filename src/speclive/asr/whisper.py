@@ -44,6 +44,9 @@ _WHISPER_PRIOR = {1: 1.0, 2: 1.05, 4: 1.4, 8: 1.75, 16: 2.5, 32: 3.6, 64: 5.3}
 #: measured on a 2-core EPYC with torch 2.13 for whisper-base: one row is fastest against the
 #: transposed copy, two or more against the row-major weight (t(2) ~ t(1), t(8) ~ 1.6 t(1))
 _SPLIT = 2
+#: on a GPU a small Whisper decoder's step is bound by kernel launches: a pass of a few dozen
+#: tokens costs about one step (measurements replace it)
+_WHISPER_GPU_PRIOR = {1: 1.0, 16: 1.05, 32: 1.1, 64: 1.2}
 
 
 @dataclass
@@ -114,8 +117,28 @@ class _Int8Linear:
         return torch.ops.quantized.linear_dynamic(x, self.packed, True)
 
 
-def _linear(w: Any, b: Any, torch: Any, int8: bool) -> DualLinear | _Int8Linear:
-    return _Int8Linear(w, b, torch) if int8 else DualLinear(w, b, split_plan(_SPLIT), pad_block=None)
+class _PlainLinear:
+    """``y = x @ W.T + b`` through torch's own kernel: off the CPU the layout tricks of
+    ``DualLinear`` buy nothing (a GPU's GEMMs take any row count alike)."""
+
+    __slots__ = ("w", "b")
+
+    def __init__(self, w: Any, b: Any):
+        self.w = w.detach().contiguous()
+        self.b = None if b is None else b.detach().contiguous()
+
+    def __call__(self, x: Any) -> Any:
+        import torch
+
+        return torch.nn.functional.linear(x, self.w, self.b)
+
+
+def _linear(w: Any, b: Any, torch: Any, int8: bool) -> DualLinear | _Int8Linear | _PlainLinear:
+    if int8:
+        return _Int8Linear(w, b, torch)
+    if w.device.type != "cpu":
+        return _PlainLinear(w, b)
+    return DualLinear(w, b, split_plan(_SPLIT), pad_block=None)
 
 
 def int8_available() -> bool:
@@ -132,7 +155,9 @@ class _Layer:
         sa, ca = layer.self_attn, layer.encoder_attn
 
         def b(lin: Any) -> Any:
-            return lin.bias if lin.bias is not None else torch.zeros(lin.out_features)
+            if lin.bias is not None:
+                return lin.bias
+            return torch.zeros(lin.out_features, dtype=lin.weight.dtype, device=lin.weight.device)
 
         with torch.no_grad():
             qkv_w = torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight])
@@ -168,7 +193,7 @@ class WhisperBackend(Backend):
         int8: bool = False,
         audio_margin_s: float | None = None,
         _layers: list[_Layer] | None = None,
-        _head: DualLinear | _Int8Linear | None = None,
+        _head: DualLinear | _Int8Linear | _PlainLinear | None = None,
     ):
         import torch
 
@@ -184,6 +209,10 @@ class WhisperBackend(Backend):
         self.n_heads = int(cfg.decoder_attention_heads)
         self.d_model = int(cfg.d_model)
         self.head_dim = self.d_model // self.n_heads
+        #: the torch device the model lives on (``load_whisper(device=...)``)
+        self.device = next(model.parameters()).device
+        if int8 and self.device.type != "cpu":
+            raise ConfigError(f"int8 drafts run on the CPU only (this model is on {self.device})")
         if int8 and not int8_available():
             raise ConfigError("int8 drafts need torch's x86/fbgemm quantized engine")
         self.int8 = int8
@@ -210,7 +239,7 @@ class WhisperBackend(Backend):
             ids = sorted(
                 set(range(min(vocab_limit, self.vocab_size))) | set(range(specials.eos, self.vocab_size))
             )
-            self._head_ids = torch.tensor(ids, dtype=torch.long)
+            self._head_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
             head_w = head_w.index_select(0, self._head_ids)
             self.name += f"/v{vocab_limit}"
         if _head is not None and vocab_limit is None:
@@ -230,13 +259,15 @@ class WhisperBackend(Backend):
             self.name += f"/ctx+{audio_margin_s:g}s"
         self.context = context or AudioContext()
         self.prompt_len = len(specials.prompt)
-        self._suppress = torch.tensor(sorted(set(specials.suppress)), dtype=torch.long)
-        self._suppress_begin = torch.tensor(sorted(set(specials.suppress_begin)), dtype=torch.long)
+        self._suppress = torch.tensor(sorted(set(specials.suppress)), dtype=torch.long, device=self.device)
+        self._suppress_begin = torch.tensor(
+            sorted(set(specials.suppress_begin)), dtype=torch.long, device=self.device
+        )
         self._fe: Any = None
         super().__init__()
 
     def default_cost_prior(self) -> dict[int, float]:
-        return _WHISPER_PRIOR
+        return _WHISPER_PRIOR if self.device.type == "cpu" else _WHISPER_GPU_PRIOR
 
     # ---- construction ---------------------------------------------------------------
     def shallow(self, n_layers: int, vocab_limit: int | None = None, int8: bool = False) -> WhisperBackend:
@@ -276,7 +307,7 @@ class WhisperBackend(Backend):
             np.asarray(audio, dtype=np.float32), sampling_rate=16_000, return_tensors="pt"
         ).input_features
         with torch.inference_mode():
-            enc = self._encode(feats.to(self.embed.dtype), len(audio))
+            enc = self._encode(feats.to(self.device, self.embed.dtype), len(audio))
             ctx = self.context
             ctx.encoder_out = enc
             ctx.cross_k, ctx.cross_v = [], []
@@ -330,7 +361,7 @@ class WhisperBackend(Backend):
     def new_state(self) -> WhisperState:
         torch = self.torch
         shape = (len(self.all_layers), self.n_heads, self.n_ctx, self.head_dim)
-        st = WhisperState(k=torch.zeros(shape), v=torch.zeros(shape))
+        st = WhisperState(k=torch.zeros(shape, device=self.device), v=torch.zeros(shape, device=self.device))
         self.context.states.add(st)
         return st
 
@@ -344,14 +375,15 @@ class WhisperBackend(Backend):
         past = len(state.tokens)
         n = len(tokens)
         end = past + n
-        ids = torch.tensor(tokens, dtype=torch.long)
+        dev = self.device
+        ids = torch.tensor(tokens, dtype=torch.long, device=dev)
         mask = None
         if parents is None:
             pos_list = list(range(past, end))
             if n > 1:
                 allowed = np.ones((n, end), dtype=bool)
                 allowed[:, past:] = np.tril(np.ones((n, n), dtype=bool))
-                mask = torch.from_numpy(allowed)
+                mask = torch.from_numpy(allowed).to(dev)
         else:
             depth = [0] * n
             allowed = np.zeros((n, end), dtype=bool)
@@ -362,10 +394,10 @@ class WhisperBackend(Backend):
                     allowed[i, past:] = allowed[p, past:]
                 allowed[i, past + i] = True
             pos_list = [past + d for d in depth]
-            mask = torch.from_numpy(allowed)
+            mask = torch.from_numpy(allowed).to(dev)
         h, hd = self.n_heads, self.head_dim
         with torch.inference_mode():
-            x = self.embed[ids] + self.pos[torch.tensor(pos_list, dtype=torch.long)]
+            x = self.embed[ids] + self.pos[torch.tensor(pos_list, dtype=torch.long, device=dev)]
             ck, cv = self.context.cross_k, self.context.cross_v
             for li, L in enumerate(self.layers):
                 y = F.layer_norm(x, (self.d_model,), *L.ln1, L.eps)
@@ -388,11 +420,11 @@ class WhisperBackend(Backend):
             x = F.layer_norm(x, (self.d_model,), *self.ln_f, self.layers[0].eps)
             logits = self.head(x)
             if self._head_ids is not None:
-                full = torch.full((logits.shape[0], self.vocab_size), float("-inf"))
+                full = torch.full((logits.shape[0], self.vocab_size), float("-inf"), device=dev)
                 full[:, self._head_ids] = logits
                 logits = full
             self._apply_rules(logits, pos_list)
-        return logits.numpy()
+        return logits.float().cpu().numpy()
 
     def _apply_rules(self, logits: Any, positions: list[int]) -> None:
         """Whisper's logit suppression (in place), identical for every decoding method."""
@@ -415,7 +447,7 @@ class WhisperBackend(Backend):
         rows = keep_idx[base:]
         if not rows:
             return
-        idx = self.torch.tensor(rows, dtype=self.torch.long)
+        idx = self.torch.tensor(rows, dtype=self.torch.long, device=self.device)
         m = len(rows)
         state.k[:, :, base : base + m] = state.k.index_select(2, idx)
         state.v[:, :, base : base + m] = state.v.index_select(2, idx)
@@ -444,11 +476,12 @@ class WhisperBackend(Backend):
             raise ConfigError("reference_logits is for the full model only")
         enc = self.context.encoder_out
         with torch.inference_mode():
-            out = self.model(encoder_outputs=(enc[None],), decoder_input_ids=torch.tensor([tokens]))
+            ids = torch.tensor([tokens], device=self.device)
+            out = self.model(encoder_outputs=(enc[None],), decoder_input_ids=ids)
         with torch.inference_mode():
             logits = out.logits[0].float()
             self._apply_rules(logits, list(range(len(tokens))))
-        return logits.numpy()
+        return logits.cpu().numpy()
 
 
 # ---- loading ----------------------------------------------------------------------------
@@ -473,16 +506,21 @@ def load_whisper(
     vocab_limit: int | None = None,
     int8: bool = False,
     audio_margin_s: float | None = None,
+    device: str = "cpu",
 ) -> WhisperBackend:
     """A Whisper backend from a registry name, a CTranslate2 or HF folder, or a hub id.
 
     ``vocab_limit`` (drafts only) scores just the most frequent ids plus the special tokens;
     ``int8`` (drafts only) quantizes the decoder's projections and LM head to int8;
-    ``audio_margin_s`` encodes just the audio plus that margin, not 30 s (drafts; a live target).
+    ``audio_margin_s`` encodes just the audio plus that margin, not 30 s (drafts; a live target);
+    ``device``: any torch device ("cpu", "cuda", "cuda:1"), checked before loading.
     """
     import torch
 
+    from speclive.backends.hf import check_device
     from speclive.models.resolve import resolve
+
+    check_device(device)
 
     if threads:
         torch.set_num_threads(threads)
@@ -513,7 +551,7 @@ def load_whisper(
         specials.suppress = [int(i) for i in (getattr(gen, "suppress_tokens", None) or [])]
         specials.suppress_begin = [int(i) for i in (getattr(gen, "begin_suppress_tokens", None) or [])]
     return WhisperBackend(
-        model.float().eval(),
+        model.float().eval().to(device),
         Tokenizer(hf_tok),
         specials,
         name=name or ref.name,

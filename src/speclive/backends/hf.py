@@ -96,10 +96,13 @@ class HFBackend(Backend):
         device: str = "cpu",
         n_ctx: int | None = None,
         threads: int | None = None,
+        static: bool | None = None,
     ) -> HFBackend:
         """Load an HF folder or hub id (safetensors); GGUF files go through ``models.convert``.
 
         ``device``: any torch device ("cpu", "cuda", "cuda:1", "mps"); checked before loading.
+        ``static``: run on a static KV cache with CUDA-graph passes (``hf_static``); None: on a
+        CUDA device for the model families it supports, unless ``SPECLIVE_CUDA_GRAPHS=0``.
         """
         import torch
         from transformers import AutoModelForCausalLM
@@ -108,9 +111,20 @@ class HFBackend(Backend):
         check_device(device)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
         tok = tokenizer or Tokenizer.from_pretrained(path)
-        return cls(
-            model, tok, name=name or os.path.basename(str(path).rstrip("/")), n_ctx=n_ctx, threads=threads
-        )
+        name = name or os.path.basename(str(path).rstrip("/"))
+        if static is None:
+            from speclive.backends.hf_static import unsupported_reason
+
+            static = (
+                torch.device(device).type == "cuda"
+                and os.environ.get("SPECLIVE_CUDA_GRAPHS", "1") != "0"
+                and unsupported_reason(model) is None
+            )
+        if static:
+            from speclive.backends.hf_static import StaticHFBackend
+
+            return StaticHFBackend(model, tok, name=name, n_ctx=n_ctx, threads=threads)
+        return cls(model, tok, name=name, n_ctx=n_ctx, threads=threads)
 
     # ---- protocol -------------------------------------------------------------------
     def new_state(self) -> HFState:

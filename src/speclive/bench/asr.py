@@ -17,6 +17,7 @@ ms), ``of bound`` how much of it the variant achieves.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -56,15 +57,18 @@ class Variant:
     draft_margin_s: float | None = None
 
 
-def default_variants(draft: str, self_draft: str | None, draft_margin_s: float | None = 1.0) -> list[Variant]:
+def default_variants(
+    draft: str, self_draft: str | None, draft_margin_s: float | None = 1.0, faster_whisper: bool = True
+) -> list[Variant]:
     """The ablation ladder (paper Table II) for one draft, plus a shorter one for the self-draft.
 
     With ``draft_margin_s`` two rows are added: the draft encoding only the audio plus that
     margin, for plain SD (so "best SD" has it too) and for SpecASR with every technique.
+    ``faster_whisper``: the CTranslate2 CPU peer row (it runs on the CPU only).
     """
     every = dict(recycle=True, cost_stop=True, sparse_tree=True)
-    out = [
-        Variant("faster-whisper AR", "faster-whisper"),
+    out = [Variant("faster-whisper AR", "faster-whisper")] if faster_whisper else []
+    out += [
         Variant("AR", "ar"),
         Variant("SD (8,1)", "sd", draft, 8),
         Variant("SD (16,1)", "sd", draft, 16),
@@ -105,8 +109,51 @@ def default_variants(draft: str, self_draft: str | None, draft_margin_s: float |
     return out
 
 
+def _wer(refs: list[str], hyps: list[str]) -> float:
+    """Corpus word error rate: word-level edit distance over all clips / reference words."""
+    errors = words = 0
+    for r, h in zip(refs, hyps, strict=True):
+        rw, hw = r.split(), h.split()
+        prev = list(range(len(hw) + 1))
+        for i, a in enumerate(rw, 1):
+            cur = [i] + [0] * len(hw)
+            for j, b in enumerate(hw, 1):
+                cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a != b))
+            prev = cur
+        errors += prev[-1]
+        words += len(rw)
+    return errors / words if words else 0.0
+
+
 def _norm(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " ")).split())
+
+
+def save_clips(clips: list[Clip], folder: Path) -> None:
+    """Write clips as 16 kHz WAVs plus ``clips.json`` (name, source, reference), so a machine
+    without Piper or Debian's test data (a lent GPU) runs the same audio (``clips_from``)."""
+    import wave
+
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = []
+    for c in clips:
+        with wave.open(str(folder / f"{c.name}.wav"), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16_000)
+            w.writeframes((np.clip(c.audio, -1, 1) * 32767).astype("<i2").tobytes())
+        meta.append({"name": c.name, "source": c.source, "reference": c.reference})
+    (folder / "clips.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def clips_from(folder: Path) -> list[Clip]:
+    """The clips ``save_clips`` wrote, in their order."""
+    from speclive.asr.audio import load_audio
+
+    meta = json.loads((folder / "clips.json").read_text())
+    return [
+        Clip(m["name"], m["source"], load_audio(folder / f"{m['name']}.wav"), m["reference"]) for m in meta
+    ]
 
 
 def librivox_clips() -> list[Clip]:
@@ -168,21 +215,24 @@ def run_asr_bench(
     draft_margin_s: float | None = 1.0,
     curve_ks: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64),
     log: Callable[[str], None] = print,
+    device: str = "cpu",
+    clips: list[Clip] | None = None,
 ) -> dict[str, Any]:
-    import jiwer
-
+    """Every variant on every clip (module docstring). ``clips``: given audio instead of the
+    LibriVox and Piper clips; ``device``: the torch device of the Whisper models (the
+    faster-whisper peer, a CPU build, runs only with ``device="cpu"``)."""
     from speclive.asr.transcribe import TranscribeConfig, Transcriber
     from speclive.asr.whisper import load_whisper
     from speclive.drafting.specasr import SpecASRConfig
 
-    clips = librivox_clips() + piper_clips(n_piper)
+    clips = clips if clips is not None else librivox_clips() + piper_clips(n_piper)
     if not clips:
         raise RuntimeError("no clips: install pocketsphinx-testdata or allow Piper clips")
     audio_s = sum(c.seconds for c in clips)
     log(f"{len(clips)} clips, {audio_s:.1f} s of audio")
-    target = load_whisper(model)
+    target = load_whisper(model, device=device)
     drafts: dict[tuple[str, float | None], Any] = {}
-    variants = default_variants(draft, self_draft, draft_margin_s)
+    variants = default_variants(draft, self_draft, draft_margin_s, faster_whisper=device == "cpu")
     rows: list[dict[str, Any]] = []
     runners = []
     for v in variants:
@@ -202,8 +252,9 @@ def run_asr_bench(
                 drafts[key] = load_whisper(
                     v.draft,
                     vocab_limit=cfg.draft_vocab,
-                    int8=cfg.draft_int8,
+                    int8=cfg.draft_int8 and device == "cpu",
                     audio_margin_s=v.draft_margin_s,
+                    device=device,
                 )
             dback = drafts[key]
         tr = Transcriber(cfg, target=None if v.method == "faster-whisper" else target, draft_backend=dback)
@@ -265,7 +316,7 @@ def run_asr_bench(
             "encoder_ms_10s": tot["encode_ms"] * per10,
             "draft_encoder_ms_10s": tot["draft_encode_ms"] * per10,
             "e2e_ms_10s": (tot["decode_ms"] + tot["encode_ms"] + tot["draft_encode_ms"]) * per10,
-            "wer": float(jiwer.wer(refs, hyps)),
+            "wer": _wer(refs, hyps),
             "identical": identical if v.method not in ("ar", "faster-whisper") else None,
             "clips": per_clip,
         }

@@ -36,6 +36,8 @@ METHODS = ("baseline", "greedy", "topk:3", "reflection")
 class PredGenBenchOptions:
     model: str = "qwen2.5-coder-0.5b-instruct"
     backend: str = "llamacpp"
+    #: torch device of the hf backend
+    device: str = "cpu"
     methods: Sequence[str] = METHODS
     turns: Sequence[int] = (1, 2)
     limit: int | None = 20
@@ -135,7 +137,7 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
     from speclive.sessions.simulate import simulate_user
 
     load_avg_start = report.load_avg()  # before the models load
-    backend = load_backend(opts.model, opts.backend)
+    backend = load_backend(opts.model, opts.backend, device=opts.device)
     tts = None
     if opts.tts:
         from speclive.tts.piper import PiperTTS
@@ -149,6 +151,7 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
         "target": backend.name,
         "backends": backend.kind,
         "settings": {
+            "device": opts.device,
             "cpm": opts.cpm,
             "max_tokens": opts.max_tokens,
             "questions": len(idx),

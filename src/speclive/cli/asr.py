@@ -31,6 +31,7 @@ def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--step", type=float, default=1.0, help="seconds per streaming step")
     p.add_argument("--vad", action="store_true", help="skip streaming passes without speech (Silero VAD)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads")
+    p.add_argument("--device", default="cpu", help="torch device of the Whisper models (cpu, cuda, cuda:1)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("file", help="audio file (WAV/FLAC/OGG; any rate, mono or stereo)")
     p.set_defaults(func=cmd_transcribe)
@@ -62,6 +63,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         sd_len=args.sd_len,
         threads=args.threads,
         draft_audio_margin_s=args.draft_margin,
+        device=args.device,
     )
     tr = Transcriber(cfg)
     if args.stream:

@@ -147,9 +147,21 @@ def add_bench_parser(subparsers: Any) -> None:
     r.add_argument("--no-plot", action="store_true")
     r.set_defaults(func=cmd_retranslate)
 
+    gr = sub.add_parser("graphs", help="hf step: eager transformers vs static cache + CUDA graphs")
+    gr.add_argument("--model", default=DEFAULT_MODEL)
+    gr.add_argument("--device", default="cuda", help="torch device (graphs need cuda)")
+    gr.add_argument("--limit", type=int, default=8, help="prompts (half MT-Bench, half code edits)")
+    gr.add_argument("--max-tokens", type=int, default=128)
+    gr.add_argument("--repeats", type=int, default=7, help="timed repeats per pass length")
+    gr.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    gr.add_argument("--tag", default=None, help="results name: graphs-<tag>.* (default: model-device)")
+    gr.add_argument("--no-plot", action="store_true")
+    gr.set_defaults(func=cmd_graphs)
+
     g = sub.add_parser("predgen", help="PredGen voice chat on MT-Bench: cascade vs verifiers (Table 1)")
     g.add_argument("--model", default=DEFAULT_MODEL)
     g.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    g.add_argument("--device", default="cpu", help="torch device of the hf backend (cpu, cuda, ...)")
     g.add_argument(
         "--methods",
         type=_csv,
@@ -470,6 +482,50 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_graphs(args: argparse.Namespace) -> int:
+    from speclive.bench.graphs import markdown, plot, run_graphs_bench
+    from speclive.bench.report import machine_info, write_result_files
+
+    tag = args.tag or f"{args.model}-{args.device.replace(':', '')}"
+    result = run_graphs_bench(
+        args.model,
+        args.device,
+        limit=args.limit,
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        log=lambda m: print(m, file=sys.stderr),
+    )
+    result["header"] = {
+        "machine": machine_info(),
+        "target": args.model,
+        "backends": "hf (eager) vs hf static cache + CUDA graphs, one copy of the weights",
+        "settings": {"precision": "fp32", "device": args.device, **result["settings"]},
+        "command": command_line(
+            [
+                "speclive",
+                "bench",
+                "graphs",
+                "--model",
+                args.model,
+                "--device",
+                args.device,
+                "--limit",
+                str(args.limit),
+                "--max-tokens",
+                str(args.max_tokens),
+                "--repeats",
+                str(args.repeats),
+                "--tag",
+                tag,
+            ]
+        ),
+    }
+    for p in write_result_files(result, args.out, f"graphs-{tag}", markdown, None if args.no_plot else plot):
+        print(f"wrote {p}", file=sys.stderr)
+    print(markdown(result))
+    return 0
+
+
 def cmd_predgen(args: argparse.Namespace) -> int:
     from speclive.bench.predgen import PredGenBenchOptions, markdown, run_predgen_bench, write_outputs
     from speclive.errors import ConfigError
@@ -501,6 +557,7 @@ def cmd_predgen(args: argparse.Namespace) -> int:
         str(args.max_tokens),
         "--tag",
         tag.removeprefix("predgen-"),
+        *_device_args(args.device),
     ]
     if args.no_tts:
         parts.append("--no-tts")
@@ -509,6 +566,7 @@ def cmd_predgen(args: argparse.Namespace) -> int:
     opts = PredGenBenchOptions(
         model=args.model,
         backend=args.backend,
+        device=args.device,
         methods=args.methods,
         turns=args.turns,
         limit=args.limit,
