@@ -65,6 +65,8 @@ def _stderr(msg: str) -> None:
 class DecodeOptions:
     target: str = "qwen2.5-coder-1.5b-instruct"
     backends: Sequence[str] = ("llamacpp",)
+    #: torch device of the hf backend (llama.cpp runs on the CPU)
+    device: str = "cpu"
     sets: Sequence[str] = SETS
     limit: int | None = None
     max_tokens: int = 128
@@ -223,7 +225,9 @@ def run_decode_bench(
     if not opts.backends:
         raise ValueError("no backend to benchmark")
     tag = opts.tag or f"{opts.target}-{'+'.join(opts.backends)}"
-    targets = {b: load_backend(opts.target, b) for b in opts.backends}
+    targets = {
+        b: load_backend(opts.target, b, device=opts.device if b == "hf" else "cpu") for b in opts.backends
+    }
     methods, skipped, models = _build_methods(opts, targets, log)
     ours_peers = [m for m in methods if m.kind != "vllm"]
     vllm_methods = [m for m in methods if m.kind == "vllm"]

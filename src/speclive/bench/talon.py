@@ -384,7 +384,7 @@ def run_talon(opts: Any, hf_peers: bool = False) -> dict[str, Any]:
         for p in load_prompts(s, opts.limit):
             by_id[(s, p["id"])] = p["text"]
     backend = opts.backends[0]
-    target = load_backend(opts.target, backend)
+    target = load_backend(opts.target, backend, device=opts.device if backend == "hf" else "cpu")
     recs = []
     for r in result["records"]:
         if r.get("method") == "ar" and r.get("backend") == backend and "token_ids" in r:

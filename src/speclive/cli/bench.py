@@ -65,6 +65,7 @@ def add_bench_parser(subparsers: Any) -> None:
     d = sub.add_parser("decode", help="all methods side by side on prompt sets")
     d.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="target model")
     d.add_argument("--backend", default="llamacpp", choices=[*BACKENDS, "both"])
+    d.add_argument("--device", default="cpu", help="torch device of the hf backend (cpu, cuda, ...)")
     d.add_argument("--sets", type=_csv, default=list(SETS), help=f"comma-separated: {','.join(SETS)}")
     d.add_argument("--limit", type=int, default=None, help="prompts per set (spread over the set)")
     d.add_argument("--max-tokens", type=int, default=128)
@@ -118,6 +119,7 @@ def add_bench_parser(subparsers: Any) -> None:
     t = sub.add_parser("talon", help="Talon Table 1: suffix / hybrid / async drafting vs AR and peers")
     t.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     t.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    t.add_argument("--device", default="cpu", help="torch device of the hf backend (cpu, cuda, ...)")
     t.add_argument("--sets", type=_csv, default=["mtbench", "humaneval", "chat-heldout"])
     t.add_argument("--limit", type=int, default=4, help="prompts per set (spread over the set)")
     t.add_argument("--max-tokens", type=int, default=128)
@@ -334,6 +336,7 @@ def decode_command(args: argparse.Namespace) -> str:
     ]
     if args.limit is not None:
         parts += ["--limit", str(args.limit)]
+    parts += _device_args(getattr(args, "device", "cpu"))
     if args.max_draft is not None:
         parts += ["--max-draft", str(args.max_draft)]
     if args.tag:
@@ -385,6 +388,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         vllm_k=args.vllm_k,
         vllm_eager=getattr(args, "vllm_eager", False),
         cold=getattr(args, "cold", False),
+        device=getattr(args, "device", "cpu"),
         command=decode_command(args),
     )
     try:
@@ -670,7 +674,7 @@ def cmd_talon(args: argparse.Namespace) -> int:
     tag = args.tag or f"{args.target}-{args.backend}"
     parts = ["speclive", "bench", "talon", "--target", args.target, "--backend", args.backend]
     parts += ["--sets", ",".join(args.sets), "--limit", str(args.limit), "--max-tokens", str(args.max_tokens)]
-    parts += ["--methods", ",".join(methods), "--tag", tag]
+    parts += ["--methods", ",".join(methods), "--tag", tag, *_device_args(args.device)]
     if args.datastore:
         parts += ["--datastore", args.datastore]
     for flag in ("hf_peers", "no_curve"):
@@ -689,6 +693,7 @@ def cmd_talon(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         plot=not args.no_plot,
         datastore=args.datastore,
+        device=args.device,
         command=command_line(parts),
     )
     try:
