@@ -114,8 +114,8 @@ from speclive.backends.base import CostModel
 from speclive.drafting.ngram import NgramDrafter
 from speclive.knowledge import KnowledgeStore
 
-class T:  # the parent's target as the store sees it (name, kind, threads)
-    name, kind, n_threads = "target", "fake", 2
+class T:  # the parent's target as the store sees it (name, kind, threads, device)
+    name, kind, n_threads, device = "target", "fake", 2, "cpu"
     def __init__(self):
         self.cost = CostModel()
 

@@ -57,10 +57,9 @@ def machine_id(target: Backend) -> str:
     from speclive.sysinfo import cpu_model
 
     threads = target.n_threads
-    device = getattr(target, "device", None)
     parts = [cpu_model(), f"cores={os.cpu_count()}", f"threads={threads}"]
-    if device is not None and str(device) != "cpu":
-        parts.append(f"device={device}")
+    if str(target.device) != "cpu":
+        parts.append(f"device={target.device}")
     return "|".join(parts)
 
 

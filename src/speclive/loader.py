@@ -114,8 +114,7 @@ def _load_backend(
 def _draft_device(target: Backend, backend: str) -> str:
     """A transformers draft model goes where an hf target is (a CPU draft for a GPU target
     would cost more than it saves); everything else runs on the CPU."""
-    device = getattr(target, "device", None)
-    return str(device) if backend == "hf" and target.kind == "hf" and device is not None else "cpu"
+    return str(target.device) if backend == "hf" and target.kind == "hf" else "cpu"
 
 
 def make_drafter(

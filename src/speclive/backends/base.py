@@ -36,6 +36,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -159,6 +160,8 @@ class Backend(ABC):
 
     #: the model runs in this process (the cache operations below); a remote engine says False
     in_process: bool = True
+    #: where the model computes: "cpu", or the torch device of a backend placed on one
+    device: Any = "cpu"
 
     # ---- optional features (module docstring): the defaults say "not supported" ------
     #: most leaves (root-to-leaf branches) one tree ``extend`` may hold (None: no limit)

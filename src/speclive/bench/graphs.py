@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from speclive.bench.costcurve import curve_tokens
+from speclive.bench.datasets import chat_messages
+from speclive.bench.prompts import load_prompts
 from speclive.bench.report import _pyplot, markdown_preamble, md_table
 
 METHODS = ("eager AR", "graphs AR", "eager ngram", "graphs ngram")
@@ -81,8 +83,6 @@ def run_graphs_bench(
     repeats: int = 7,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    from speclive.bench.datasets import chat_messages
-    from speclive.bench.prompts import load_prompts
     from speclive.decoder import GenerationConfig, SpeculativeDecoder, greedy_reference
     from speclive.drafting.ngram import NgramDrafter
 

@@ -26,6 +26,7 @@ from speclive.bench.peers import (
     Peer,
     PeerOutput,
 )
+from speclive.drafting.asyncdraft import AsyncHybridDrafter
 
 OUR_METHODS: tuple[str, ...] = ("ar", "ngram", "model", "crossvocab")
 LLAMACPP_PEERS: tuple[str, ...] = ("llama-cpp-python", *LLAMACPP_PLD)
@@ -124,7 +125,7 @@ class OurRunner:
             rec["steps"] = steps
             rec["accepted_by_source"] = dict(s.accepted_by_source)
             rec["drafted_by_source"] = dict(s.drafted_by_source)
-            if hasattr(self.drafter, "async_stats"):
+            if isinstance(self.drafter, AsyncHybridDrafter):
                 rec["async"] = self.drafter.async_stats.to_dict()
         return rec
 
