@@ -41,6 +41,21 @@ def llama_smol():
 
 
 @pytest.fixture(scope="session")
+def cheap_draft(hf_smol):
+    """The draft model of the fp32 exactness tests' model drafters: SmolLM2 on llama.cpp (same
+    vocabulary, several times cheaper per step on a CPU than fp32 transformers), or the
+    transformers SmolLM2 where llama-cpp-python is missing. Which model proposes a draft does not
+    change what a lossless verification must output; only the time it takes."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return hf_smol
+    from speclive.loader import load_backend
+
+    return load_backend(SMALL, "llamacpp", n_ctx=2048)
+
+
+@pytest.fixture(scope="session")
 def static_smol(hf_smol):
     """The static-cache backend (``hf_static``) over the same weights, without CUDA graphs."""
     from speclive.backends.hf_static import StaticHFBackend

@@ -2,8 +2,9 @@
 
 The global datastore is built from the reference greedy outputs of *other* prompts of the set
 plus some unrelated text, so retrieval proposes deep trees that are partly right and partly
-wrong (siblings from other documents). The hybrid drafters use SmolLM2 itself as their draft
-model with ``always_model`` so the model chain is fused into every tree. On fp32 transformers
+wrong (siblings from other documents). The hybrid drafters use SmolLM2 as their draft model
+(on llama.cpp for the fp32 target: ``cheap_draft``) with ``always_model`` so the model chain is
+fused into every tree. On fp32 transformers
 the outputs must be token-identical to plain greedy decoding; on llama.cpp identical up to
 near-tie flips (the rule of ``test_exactness``), in the asynchronous mode too. The greedy
 references (16 tokens per prompt) are shared with ``test_exactness``; on fp32 the suffix drafter
@@ -51,20 +52,20 @@ class _EagerSuffix(SuffixDrafter):
         return 1.0 + 0.1 * (k - 1)
 
 
-def _drafters(backend, store, hybrid: bool):
+def _drafters(draft, store, hybrid: bool):
     scfg = SuffixConfig(min_gain=0.5)
     out = {"suffix": _EagerSuffix(store, scfg)}
     if hybrid:
-        out["hybrid"] = HybridDrafter(backend, store, HybridConfig(always_model=True, model_max_len=4), scfg)
+        out["hybrid"] = HybridDrafter(draft, store, HybridConfig(always_model=True, model_max_len=4), scfg)
     return out
 
 
-def _run(backend, prompts, with_async=False, hybrid_every=1):
+def _run(backend, prompts, with_async=False, hybrid_every=1, draft=None):
     refs = _references(backend, prompts)
     results = []
     for i, (text, prompt, ref, gaps) in enumerate(refs):
         store = _store(backend, refs, skip=i)
-        drafters = _drafters(backend, store, hybrid=i % hybrid_every == 0)
+        drafters = _drafters(draft or backend, store, hybrid=i % hybrid_every == 0)
         if with_async:
             drafters["hybrid-async"] = AsyncHybridDrafter(
                 _async_draft(backend), store, async_config=AsyncConfig(min_job_tokens=2)
@@ -83,8 +84,8 @@ def _async_draft(backend):
     return load_backend("smollm2-135m-instruct", "llamacpp", n_ctx=2048, threads=1)
 
 
-def test_hf_fp32_talon_drafters_are_token_identical(hf_smol):
-    results = _run(hf_smol, ALL, hybrid_every=2)
+def test_hf_fp32_talon_drafters_are_token_identical(hf_smol, cheap_draft):
+    results = _run(hf_smol, ALL, hybrid_every=2, draft=cheap_draft)
     bad = [(n, t, r, o) for n, t, r, _g, o, _s, _d in results if o != r]
     assert not bad, bad[:3]
     acc: dict[str, int] = {}
