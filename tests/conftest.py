@@ -52,7 +52,8 @@ def cheap_draft(hf_smol):
         return hf_smol
     from speclive.loader import load_backend
 
-    return load_backend(SMALL, "llamacpp", n_ctx=2048)
+    # one thread: the two test workers share two cores (the talon tests' async draft is this one)
+    return load_backend(SMALL, "llamacpp", n_ctx=2048, threads=1)
 
 
 @pytest.fixture(scope="session")
