@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from speclive.backends.base import Backend, BackendState
+from speclive.backends.base import Backend, BackendState, rows_to_move
 from speclive.backends.cpu_linear import DualLinear, split_plan
 from speclive.errors import ConfigError
 from speclive.tokenizer import Tokenizer
@@ -441,10 +441,7 @@ class WhisperBackend(Backend):
 
     def _compact(self, state: BackendState, keep_idx: list[int]) -> None:
         assert isinstance(state, WhisperState)
-        base = 0
-        while base < len(keep_idx) and keep_idx[base] == base:
-            base += 1
-        rows = keep_idx[base:]
+        base, rows = rows_to_move(keep_idx)
         if not rows:
             return
         idx = self.torch.tensor(rows, dtype=self.torch.long, device=self.device)

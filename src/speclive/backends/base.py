@@ -334,6 +334,15 @@ class Backend(ABC):
         return self.extend(state, tokens[common:], last_only=True)
 
 
+def rows_to_move(keep_idx: Sequence[int]) -> tuple[int, list[int]]:
+    """For a ``_compact`` over preallocated cache rows: ``(base, rows)``, where the kept rows
+    stop being rows ``0, 1, ...`` in place, and the rows to copy down to ``base`` onward."""
+    base = 0
+    while base < len(keep_idx) and keep_idx[base] == base:
+        base += 1
+    return base, list(keep_idx[base:])
+
+
 def _is_chain(parents: Sequence[int]) -> bool:
     return all(int(p) == i - 1 for i, p in enumerate(parents))
 

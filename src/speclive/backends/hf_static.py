@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from speclive.backends.base import BackendState
+from speclive.backends.base import BackendState, rows_to_move
 from speclive.backends.hf import HFBackend
 from speclive.errors import ConfigError
 
@@ -173,10 +173,7 @@ class StaticHFBackend(HFBackend):
 
     def _compact(self, state: BackendState, keep_idx: list[int]) -> None:
         assert isinstance(state, StaticState) and state.cache is not None
-        base = 0
-        while base < len(keep_idx) and keep_idx[base] == base:
-            base += 1
-        rows = keep_idx[base:]
+        base, rows = rows_to_move(keep_idx)
         if not rows:
             return
         idx = self.torch.tensor(rows, dtype=self.torch.long, device=self.device)
