@@ -130,12 +130,12 @@ def schedule(i: int) -> tuple[str, ...]:
     return (*EVERY, ROTATING[i % 4], ROTATING[(i + 2) % 4])
 
 
-def _run_all(backend, draft=None):
+def _run_all(backend, draft=None, prompts=ALL):
     """Every prompt through its scheduled drafters (model drafters on ``draft``, by default the
     target itself): (drafter, text, reference, gaps, output, stats) per run."""
-    assert len(ALL) >= 20, "the differential test needs many prompts"
+    assert len(prompts) >= 10, "the differential test needs many prompts"
     results = []
-    for i, text in enumerate(ALL):
+    for i, text in enumerate(prompts):
         prompt = backend.tokenizer.chat([{"role": "user", "content": text}])
         ref, gaps = greedy_reference(backend, prompt, MAX_TOKENS)
         names = schedule(i)
@@ -170,8 +170,11 @@ def test_hf_fp32_lossless_drafters_are_token_identical(hf_smol, cheap_draft):
 
 
 def test_llamacpp_lossless_up_to_near_ties(llama_smol):
+    # every other prompt (each drafter still on five or more): the strict fp32 test above runs
+    # all twenty; this one checks that the quantized backend's batches flip only at near-ties
+    prompts = ALL[::2]
     flips, bugs, accepted = [], [], {}
-    for name, text, ref, gaps, out, stats in _run_all(llama_smol):
+    for name, text, ref, gaps, out, stats in _run_all(llama_smol, prompts=prompts):
         accepted[name] = accepted.get(name, 0) + stats.accepted
         if out == ref:
             continue
@@ -181,7 +184,7 @@ def test_llamacpp_lossless_up_to_near_ties(llama_smol):
     # SmolLM2 Q4_1 has many near-ties and k-token batches move logits by up to ~0.8 here, so
     # about a third of 24-token runs flip somewhere; a wrong mask/position/rollback would break
     # nearly all of them (and at clear margins, caught above)
-    total = sum(len(schedule(i)) for i in range(len(ALL)))
+    total = sum(len(schedule(i)) for i in range(len(prompts)))
     print(f"llama.cpp near-tie flips: {len(flips)}/{total} runs")
     assert len(flips) <= total // 2, flips
     for name in ("ngram", "model-adaptive", "crossvocab", "noisy-tree"):
