@@ -108,9 +108,9 @@ def _drafters(backend, continuation, names, draft=None):
     draft = draft or backend
     make = {
         "ngram": lambda: NgramDrafter(),
-        # SmolLM2 drafting for itself costs a full target step per token, so the default
-        # gate (min_gain 1.03) rightly never drafts (nor probes); no bar keeps the adaptive
-        # length, confidence truncation and re-tokenization under this identity test
+        # SmolLM2 drafting for (another build of) itself gains little or nothing, so the
+        # default gate (min_gain 1.03) may never draft; no bar keeps the adaptive length,
+        # confidence truncation and re-tokenization under this identity test
         "model-adaptive": lambda: ModelDrafter(
             draft,
             threshold=0.4,
