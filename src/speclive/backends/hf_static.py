@@ -192,11 +192,12 @@ class StaticHFBackend(HFBackend):
         past, n = len(state.tokens), len(tokens)
         chunk = ROW_BUCKETS[-1]
         if parents is None and n > chunk:  # a long chain (a prompt): 64-row passes
-            outs = []
-            for lo in range(0, n, chunk):
-                part = tokens[lo : lo + chunk]
-                last = lo + chunk >= n
-                outs.append(self._pass(state.cache, past + lo, part, None, last_only and last))
+            # with last_only each chunk hands back one row (a prompt's other logits are not
+            # copied to the host); the last chunk's is the answer
+            outs = [
+                self._pass(state.cache, past + lo, tokens[lo : lo + chunk], None, last_only)
+                for lo in range(0, n, chunk)
+            ]
             return outs[-1] if last_only else np.concatenate(outs)
         return self._pass(state.cache, past, tokens, parents, last_only)
 
@@ -225,11 +226,11 @@ class StaticHFBackend(HFBackend):
                 )
         else:
             inp = self._inputs_for(rows, ctx)
+            graph, out = self._graph(cache, rows, ctx, inp)  # (captured over scratch inputs)
             inp.ids.copy_(torch.from_numpy(ids))
             inp.pos.copy_(torch.from_numpy(pos))
             inp.write.copy_(torch.from_numpy(write))
             inp.mask.copy_(torch.from_numpy(mask))
-            graph, out = self._graph(cache, rows, ctx, inp)
             graph.replay()
         sel = out[n - 1 : n] if last_only else out[:n]
         return sel.float().cpu().numpy()
@@ -246,8 +247,8 @@ class StaticHFBackend(HFBackend):
         if hit is not None:
             return hit
         torch = self.torch
-        # capture with inputs that write only the scratch rows past n_ctx (never live)
-        saved = [t.clone() for t in (inp.ids, inp.pos, inp.write, inp.mask)]
+        # capture with inputs that write only the scratch rows past n_ctx (never live); the
+        # caller fills in the real inputs afterwards
         inp.write.copy_(torch.arange(self.n_ctx, self.n_ctx + rows, device=self.device))
         inp.mask.fill_(True)
         stream = self._stream
@@ -260,8 +261,6 @@ class StaticHFBackend(HFBackend):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
                 out = self._forward(cache, inp.ids, inp.pos, inp.write, inp.mask, ctx)
-        for t, s in zip((inp.ids, inp.pos, inp.write, inp.mask), saved, strict=True):
-            t.copy_(s)
         cache.graphs[(rows, ctx)] = (graph, out)
         self.captures += 1
         return graph, out
