@@ -3,7 +3,7 @@
 Clips: the five LibriVox clips of Debian's ``pocketsphinx-testdata`` (reference transcripts in
 its ``transcription`` file) plus Piper-synthesized first sentences of MT-Bench questions (the
 sentence is the reference). Every method decodes every clip; token ids are compared with the
-AR run of the same backend on every clip (``identical``), WER is computed with jiwer on
+AR run of the same backend on every clip (``identical``), WER (``report.word_error_rate``) is computed on
 lower-cased, punctuation-free text. The clips run clip-major, each clip through every method in
 a rotated order, so a slow spell of the shared machine hits all methods alike. Times are per
 10 s of audio (the paper's Table II): draft ms (draft passes), target ms (verification and
@@ -29,7 +29,7 @@ import numpy as np
 
 from speclive.bench.costcurve import CURVE_COLUMNS
 from speclive.bench.datasets import mtbench_questions
-from speclive.bench.report import _pyplot, markdown_preamble, md_table
+from speclive.bench.report import _pyplot, markdown_preamble, md_table, word_error_rate
 
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 
@@ -107,22 +107,6 @@ def default_variants(
             ),
         ]
     return out
-
-
-def _wer(refs: list[str], hyps: list[str]) -> float:
-    """Corpus word error rate: word-level edit distance over all clips / reference words."""
-    errors = words = 0
-    for r, h in zip(refs, hyps, strict=True):
-        rw, hw = r.split(), h.split()
-        prev = list(range(len(hw) + 1))
-        for i, a in enumerate(rw, 1):
-            cur = [i] + [0] * len(hw)
-            for j, b in enumerate(hw, 1):
-                cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a != b))
-            prev = cur
-        errors += prev[-1]
-        words += len(rw)
-    return errors / words if words else 0.0
 
 
 def _norm(text: str) -> str:
@@ -318,7 +302,7 @@ def run_asr_bench(
             "encoder_ms_10s": tot["encode_ms"] * per10,
             "draft_encoder_ms_10s": tot["draft_encode_ms"] * per10,
             "e2e_ms_10s": (tot["decode_ms"] + tot["encode_ms"] + tot["draft_encode_ms"]) * per10,
-            "wer": _wer(refs, hyps),
+            "wer": word_error_rate(refs, hyps),
             "identical": identical if v.method not in ("ar", "faster-whisper") else None,
             "clips": per_clip,
         }

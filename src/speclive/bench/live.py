@@ -155,10 +155,8 @@ def chat_questions(limit: int, max_chars: int = 160) -> list[dict[str, Any]]:
 def _wer(ref: str, hyp: str) -> float:
     import re
 
-    import jiwer
-
     norm = lambda s: " ".join(re.sub(r"[^\w' ]", " ", s.lower()).split())  # noqa: E731
-    return float(jiwer.wer(norm(ref), norm(hyp))) if norm(ref) else 0.0
+    return report.word_error_rate([norm(ref)], [norm(hyp)]) if norm(ref) else 0.0
 
 
 # ---- statistics ---------------------------------------------------------------------------

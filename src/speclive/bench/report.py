@@ -214,6 +214,23 @@ def write_result_files(
     return paths
 
 
+def word_error_rate(refs: Sequence[str], hyps: Sequence[str]) -> float:
+    """Corpus word error rate (jiwer's): word-level edit distances summed over the pairs, over
+    the reference words."""
+    errors = words = 0
+    for r, h in zip(refs, hyps, strict=True):
+        rw, hw = r.split(), h.split()
+        prev = list(range(len(hw) + 1))
+        for i, a in enumerate(rw, 1):
+            cur = [i] + [0] * len(hw)
+            for j, b in enumerate(hw, 1):
+                cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a != b))
+            prev = cur
+        errors += prev[-1]
+        words += len(rw)
+    return errors / words if words else 0.0
+
+
 def _fmt(v: Any, digits: int = 2) -> str:
     if v is None:
         return "–"
