@@ -75,7 +75,7 @@ def test_catch_up_after_a_pause_is_one_batched_pass():
     ctx += [(7 * i) % V for i in range(30)]
     ctl = d.adaptive
     ctl.alpha = 0.0  # nothing pays: off, probing with back-off
-    ctl._off_steps = ctl._backoff - 1
+    ctl.backoff.off_steps = ctl.backoff.wait - 1
     draft.calls.clear()
     tree = d.propose(ctx, 8)
     assert len(tree) == ctl.cfg.probe_len  # the probe

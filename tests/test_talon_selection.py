@@ -112,8 +112,8 @@ def _scripted(free: bool, fail_steps: int, copy_steps: int = 0):
 
 
 def _state(d: SuffixDrafter) -> tuple:
-    chains = tuple((b, round(c.alpha, 9), c.off, c._backoff) for b, c in sorted(d.chain_ctl.items()))
-    return d._backoff, d._off, chains, tuple(sorted(d.calib.snapshot().items()))
+    chains = tuple((b, round(c.alpha, 9), c.off, c.backoff.wait) for b, c in sorted(d.chain_ctl.items()))
+    return d.backoff.wait, d.backoff.off_steps, chains, tuple(sorted(d.calib.snapshot().items()))
 
 
 def test_free_probes_learn_what_paid_probes_learn_at_no_cost():

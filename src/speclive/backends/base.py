@@ -175,6 +175,8 @@ class Backend(ABC):
     #: an evicted state is prefilled again on its next use instead of failing it (where
     #: ``max_states`` is set)
     restore_evicted: bool = False
+    #: facts about replaced linear kernels, for benchmark headers (None: none replaced)
+    linear_info: dict[str, Any] | None = None
 
     def __init__(self) -> None:
         self.cost = CostModel(self.default_cost_prior())

@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ import numpy as np
 
 from speclive.backends.base import Backend
 from speclive.bench import report
+from speclive.cli.flags import option
+from speclive.loader import BACKENDS, DEFAULT_MODEL
 
 DEFAULT_CURVE_KS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 
@@ -41,6 +44,31 @@ def curve_tokens(backend: Backend, n: int) -> list[int]:
     if len(ids) < n:
         raise ValueError(f"could not build {n} timing tokens")
     return ids[:n]
+
+
+@dataclass
+class CostCurveOptions:
+    """Settings of ``bench costcurve``; each field with a flag is its command-line option."""
+
+    model: str = option(DEFAULT_MODEL, "--model", always=True)
+    backend: str = option("llamacpp", "--backend", choices=BACKENDS, always=True)
+    device: str = option("cpu", "--device", help="torch device of the hf backend (cpu, cuda, ...)")
+    ks: Sequence[int] = option(
+        (1, 2, 4, 8, 16, 32), "--ks", parse=int, help="comma-separated k values", always=True
+    )
+    repeats: int = option(
+        5, "--repeats", parse=int, help="timed repeats per k (median reported)", always=True
+    )
+    prefix: int = option(
+        256, "--prefix", parse=int, help="tokens in the cache before each extend", always=True
+    )
+    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    plot: bool = option(True, "--no-plot", result=False)
+    compare_stock_linear: bool = option(
+        False,
+        "--compare-stock-linear",
+        help="hf: also time the curve on transformers' stock nn.Linear modules (same process)",
+    )
 
 
 def measure_cost_curve(

@@ -52,6 +52,10 @@ from speclive.bench.methods import (
 )
 from speclive.bench.peers import VllmPeer, vllm_python
 from speclive.bench.prompts import SETS, WARMUP_PROMPT, load_prompts
+from speclive.cli.flags import option
+from speclive.loader import BACKENDS
+
+BACKENDS_BOTH = ("llamacpp", "hf")
 
 Log = Callable[[str], None]
 
@@ -61,41 +65,97 @@ def _stderr(msg: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ decode bench
+def _backends_field(value: str) -> list[str]:
+    return list(BACKENDS_BOTH) if value == "both" else [value]
+
+
+def _backends_flag(value: Sequence[str] | None) -> str | None:
+    if value is None:
+        return None
+    return "both" if list(value) == list(BACKENDS_BOTH) else ",".join(value)
+
+
 @dataclass
 class DecodeOptions:
-    target: str = "qwen2.5-coder-1.5b-instruct"
-    backends: Sequence[str] = ("llamacpp",)
+    """Settings of ``bench decode`` and ``bench talon``; each field with a flag is its
+    command-line option (``speclive.cli.flags``)."""
+
+    target: str = option("qwen2.5-coder-1.5b-instruct", "--target", help="target model", always=True)
+    backends: Sequence[str] = option(
+        ("llamacpp",),
+        "--backend",
+        many=False,
+        choices=[*BACKENDS, "both"],
+        to_field=_backends_field,
+        to_flag=_backends_flag,
+        always=True,
+    )
     #: torch device of the hf backend (llama.cpp runs on the CPU)
-    device: str = "cpu"
-    sets: Sequence[str] = SETS
-    limit: int | None = None
-    max_tokens: int = 128
-    methods: Sequence[str] = ALL_METHODS
-    out: Path = Path("benchmarks/results")
-    tag: str = ""
-    max_draft: int | None = None
-    curve_ks: Sequence[int] = DEFAULT_CURVE_KS
-    curve_repeats: int = 3
-    curve_prefix: int = 256
-    measure_curve: bool = True
-    near_tie: float = report.NEAR_TIE_GAP
-    warmup: bool = True
-    gap_check: bool = True
-    progress: bool = True
-    plot: bool = True
-    vllm_timeout_s: float = 3600.0
-    vllm_k: int | None = None
-    #: vLLM without torch.compile (fast start-up for checks; slower decoding than vLLM as shipped)
-    vllm_eager: bool = False
-    command: str = ""
+    device: str = option("cpu", "--device", help="torch device of the hf backend (cpu, cuda, ...)")
+    sets: Sequence[str] = option(SETS, "--sets", help=f"comma-separated: {','.join(SETS)}", always=True)
+    limit: int | None = option(
+        None, "--limit", parse=int, help="prompts per set (spread over the set)", always=True
+    )
+    max_tokens: int = option(128, "--max-tokens", parse=int, always=True)
+    methods: Sequence[str] = option(
+        ALL_METHODS,
+        "--methods",
+        help=f"comma-separated subset of: {','.join(ALL_METHODS)} (inapplicable ones are skipped; "
+        "ar is always run)",
+        always=True,
+    )
+    max_draft: int | None = option(None, "--max-draft", parse=int, help="longest draft of our drafters")
+    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    tag: str = option(
+        "", "--tag", help="results name: <bench>-<tag>.* (default: target-backend)", always=True
+    )
     #: global suffix datastore of the suffix/hybrid drafters
-    datastore: str | None = None
-    #: per backend, the only methods run there (None: every method on every backend)
-    backend_methods: Mapping[str, Sequence[str]] | None = None
+    datastore: str | None = option(
+        None, "--datastore", help="global suffix datastore (speclive datastore build)"
+    )
+    curve_ks: Sequence[int] = option(
+        DEFAULT_CURVE_KS,
+        "--curve-ks",
+        parse=int,
+        help="k values of the cost curve measured after the runs (for the bounds)",
+    )
+    curve_repeats: int = option(3, "--curve-repeats", parse=int)
+    curve_prefix: int = 256
+    measure_curve: bool = option(True, "--no-curve", help="use the online cost estimate, measure nothing")
+    near_tie: float = option(
+        report.NEAR_TIE_GAP,
+        "--near-tie",
+        parse=float,
+        help="top-2 gap below which a divergence is a near tie",
+    )
+    gap_check: bool = option(True, "--no-gap-check", help="do not re-run AR to analyse divergences")
+    warmup: bool = option(True, "--no-warmup")
+    progress: bool = option(True, "--no-progress", result=False)
+    plot: bool = option(True, "--no-plot", result=False)
     #: also run every local method cold: a fresh process and drafter per prompt, without and
     #: (our drafters) with saved knowledge (``speclive.bench.coldrun``)
-    cold: bool = False
+    cold: bool = option(
+        False,
+        "--cold",
+        help="also run every local method cold: a fresh process and drafter per prompt, without "
+        "and (our drafters) with saved knowledge, side by side with the warm run",
+    )
     cold_timeout_s: float = 900.0
+    vllm_timeout_s: float = 3600.0
+    vllm_k: int | None = option(
+        None, "--vllm-k", parse=int, help="num_speculative_tokens of the vLLM methods"
+    )
+    #: vLLM without torch.compile (fast start-up for checks; slower decoding than vLLM as shipped)
+    vllm_eager: bool = option(
+        False,
+        "--vllm-eager",
+        help="vLLM without torch.compile (quick checks; the default runs vLLM as shipped)",
+    )
+    #: ``bench talon``: also transformers generate / assisted generation
+    hf_peers: bool = option(False, "--hf-peers", help="also transformers generate/assisted (slow)")
+    #: per backend, the only methods run there (None: every method on every backend)
+    backend_methods: Mapping[str, Sequence[str]] | None = None
+    command: str = ""
 
 
 def _build_methods(
@@ -130,8 +190,8 @@ def _build_methods(
         b: {"target": t.name, "gguf": str(ref.gguf) if ref.gguf else None} for b, t in targets.items()
     }
     for b, t in targets.items():
-        if getattr(t, "linear_info", None) is not None:
-            models[b]["linear"] = t.linear_info  # type: ignore[attr-defined]
+        if t.linear_info is not None:
+            models[b]["linear"] = t.linear_info
 
     def skip(what: str, why: str) -> None:
         skipped.append(f"{what}: {why}")

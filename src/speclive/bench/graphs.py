@@ -17,6 +17,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ from speclive.bench.costcurve import curve_tokens
 from speclive.bench.datasets import chat_messages
 from speclive.bench.prompts import load_prompts
 from speclive.bench.report import _pyplot, markdown_preamble, md_table
+from speclive.cli.flags import option
+from speclive.loader import DEFAULT_MODEL
 
 METHODS = ("eager AR", "graphs AR", "eager ngram", "graphs ngram")
 
@@ -72,6 +75,20 @@ def _curve(pair: dict[str, Any], ks: list[int], repeats: int, prefix: int = 256)
         for row in rows:
             row[f"{name}_ratio"] = row[f"{name}_ms"] / t1
     return rows
+
+
+@dataclass
+class GraphsOptions:
+    """Settings of ``bench graphs``; each field with a flag is its command-line option."""
+
+    model: str = option(DEFAULT_MODEL, "--model", always=True)
+    device: str = option("cuda", "--device", help="torch device (graphs need cuda)", always=True)
+    limit: int = option(8, "--limit", parse=int, help="prompts (half MT-Bench, half code edits)", always=True)
+    max_tokens: int = option(128, "--max-tokens", parse=int, always=True)
+    repeats: int = option(7, "--repeats", parse=int, help="timed repeats per pass length", always=True)
+    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    tag: str = option("", "--tag", help="results name: graphs-<tag>.* (default: model-device)", always=True)
+    plot: bool = option(True, "--no-plot", result=False)
 
 
 def run_graphs_bench(

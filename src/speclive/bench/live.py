@@ -34,6 +34,8 @@ from speclive.bench import report
 from speclive.bench.datasets import mtbench_questions
 from speclive.bench.exactness import ar_logit_gap, first_divergence
 from speclive.bench.ssbd import _quality, bench_sentences
+from speclive.cli.flags import option
+from speclive.loader import BACKENDS, DEFAULT_MODEL
 
 CHAT_METHODS = ("predgen", "cascade", "prefill", "preemptive")
 TRANSLATE_METHODS = ("ssbd", "ar", "cascade")
@@ -43,24 +45,41 @@ BASELINES = ("cascade", "prefill", "preemptive")
 
 @dataclass
 class LiveBenchOptions:
-    pipeline: str = "chat"
-    model: str = "qwen2.5-coder-0.5b-instruct"
-    backend: str = "llamacpp"
-    methods: Sequence[str] = CHAT_METHODS
-    voices: Sequence[str] = VOICES
-    limit: int = 12
-    max_tokens: int = 64
-    target_lang: str = "de"
-    beta: float = 0.2
-    end_s: float = 0.5
-    pause_s: float = 0.2
+    """Settings of ``bench live``; each field with a flag is its command-line option."""
+
+    pipeline: str = option("chat", "--pipeline", choices=("chat", "translate"), always=True)
+    model: str = option(DEFAULT_MODEL, "--model", always=True)
+    backend: str = option("llamacpp", "--backend", choices=BACKENDS, always=True)
+    methods: Sequence[str] = option(
+        CHAT_METHODS,
+        "--methods",
+        help="chat: predgen, predgen:topk:K, cascade, prefill, preemptive (default: predgen and the "
+        "three baselines); translate: ssbd, ar, cascade",
+        always=True,
+    )
+    voices: Sequence[str] = option(VOICES, "--voices", help="piper, espeak", always=True)
+    limit: int = option(
+        12, "--limit", parse=int, help="questions (chat) or utterances (translate)", always=True
+    )
+    max_tokens: int = option(64, "--max-tokens", parse=int, always=True)
+    target_lang: str = option("de", "--target-lang")
+    beta: float = option(0.2, "--beta", parse=float)
+    end_s: float = option(0.5, "--end-silence", parse=float, help="silence (s) that ends a turn", always=True)
+    pause_s: float = option(
+        0.2, "--pause", parse=float, help="silence (s) that starts speculative final work", always=True
+    )
     #: chat: the first spoken unit may be a clause of this many words or more (0: a sentence)
-    first_clause_words: int = 4
+    first_clause_words: int = option(
+        4,
+        "--first-clause",
+        parse=int,
+        help="chat: the first spoken unit may be a clause of at least this many words (0: a sentence)",
+    )
     asr_margin_s: float | None = 1.0
     seed: int = 0
-    out: Path = Path("benchmarks/results")
-    tag: str = "live-chat"
-    plot: bool = True
+    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    tag: str = option("", "--tag", help="results name: live-<pipeline>-<tag>.*", always=True)
+    plot: bool = option(True, "--no-plot", result=False)
     command: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -28,28 +28,45 @@ from typing import Any
 from speclive.bench import report
 from speclive.bench.datasets import mtbench_questions
 from speclive.bench.exactness import ar_logit_gap, first_divergence
+from speclive.cli.flags import option
+from speclive.loader import BACKENDS, DEFAULT_MODEL
 
 METHODS = ("baseline", "greedy", "topk:3", "reflection")
 
 
 @dataclass
 class PredGenBenchOptions:
-    model: str = "qwen2.5-coder-0.5b-instruct"
-    backend: str = "llamacpp"
+    """Settings of ``bench predgen``; each field with a flag is its command-line option."""
+
+    model: str = option(DEFAULT_MODEL, "--model", always=True)
+    backend: str = option("llamacpp", "--backend", choices=BACKENDS, always=True)
     #: torch device of the hf backend
-    device: str = "cpu"
-    methods: Sequence[str] = METHODS
-    turns: Sequence[int] = (1, 2)
-    limit: int | None = 20
-    cpm: float = 600.0
-    max_tokens: int = 128
-    tts: bool = True
-    judge: str | None = None
+    device: str = option("cpu", "--device", help="torch device of the hf backend (cpu, cuda, ...)")
+    methods: Sequence[str] = option(
+        METHODS,
+        "--methods",
+        help="baseline and verifiers (greedy, topk:K, reflection), each optionally with options "
+        "@sentence|@chunks (how the first sentence is verified), @fits (pre-synthesize only what "
+        "fits before the next word) and @eager (every new first sentence at once)",
+        always=True,
+    )
+    turns: Sequence[int] = option((1, 2), "--turns", parse=int, always=True)
+    limit: int | None = option(
+        20, "--limit", parse=int, help="MT-Bench questions (spread over the 80)", always=True
+    )
+    cpm: float = option(
+        600.0, "--cpm", parse=float, help="user speaking rate, characters per minute", always=True
+    )
+    max_tokens: int = option(128, "--max-tokens", parse=int, always=True)
+    tts: bool = option(True, "--no-tts")
+    judge: str | None = option(
+        None, "--judge", help="judge model for MT-Bench scores (e.g. qwen2.5-coder-1.5b-instruct)"
+    )
     #: a greedy answer may differ from the baseline's first where AR's top-2 logit gap is below this
     near_tie: float = report.NEAR_TIE_GAP
-    out: Path = Path("benchmarks/results")
-    tag: str = "predgen"
-    plot: bool = True
+    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    tag: str = option("", "--tag", help="results name: predgen-<tag>.* (default: model-backend)", always=True)
+    plot: bool = option(True, "--no-plot", result=False)
     command: str = ""
 
 

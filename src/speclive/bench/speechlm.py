@@ -21,32 +21,48 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from speclive.bench import report
+from speclive.cli.flags import OptionSet, option
 
 
 @dataclass
 class SpeechLMBenchOptions:
-    preset: str = "bench"  #: SpeechLMConfig preset of the served model
-    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
-    prompt_len: int = 32  #: prompt bytes per request
+    """Settings of ``bench speechlm``; each field with a flag is its command-line option."""
+
+    #: SpeechLMConfig preset of the served model
+    preset: str = option(
+        "bench", "--preset", help="model shape: tiny | bench | bagpiper | opuslm", always=True
+    )
+    concurrency: list[int] = option(
+        [1, 2, 4, 8, 16, 32, 64], "--concurrency", parse=int, help="comma-separated levels", always=True
+    )
+    #: prompt bytes per request
+    prompt_len: int = option(32, "--prompt-len", parse=int, always=True)
     max_text_tokens: int = 8
-    audio_frames: int = 48  #: frames per request (min = max: fixed work)
+    #: frames per request (min = max: fixed work)
+    audio_frames: int = option(48, "--audio-frames", parse=int, always=True)
     seq_requests: int = 4  #: requests of the sequential baseline (its rate does not depend on c)
-    cfg_scale: float = 3.0
-    cfg_workload: int = 48  #: active sequences of the CFG comparison (divisible by 6)
+    cfg_scale: float = option(3.0, "--cfg-scale", parse=float, always=True)
+    #: active sequences of the CFG comparison (divisible by 6)
+    cfg_workload: int = option(
+        48, "--cfg-workload", parse=int, help="active sequences (multiple of 6)", always=True
+    )
     exact_requests: int = 8
-    repeats: int = 3
-    threads: int = 1
+    repeats: int = option(3, "--repeats", parse=int, always=True)
+    threads: int = option(1, "--threads", parse=int, help="torch CPU threads", always=True)
     token_budget: int = 1024
-    out: Path = Path("benchmarks/results")
-    tag: str | None = None  #: results stem speechlm-<tag> (default: the preset)
-    plot: bool = True
+    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    #: results stem speechlm-<tag> (default: the preset)
+    tag: str | None = option(
+        None, "--tag", help="results name: speechlm-<tag>.{json,md,png} (default: preset)", always=True
+    )
+    plot: bool = option(True, "--no-plot", result=False)
     command: str = ""
 
 
@@ -428,27 +444,10 @@ def write_outputs(result: dict[str, Any], out: Path, tag: str, plot_it: bool = T
     return report.write_result_files(result, out, f"speechlm-{tag}", markdown, plot if plot_it else None)
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 def add_speechlm_bench_parser(sub: Any) -> None:
     """Register ``speclive bench speechlm``."""
     p = sub.add_parser("speechlm", help="speech-LM engine: continuous batching vs sequential, CFG overhead")
-    d = SpeechLMBenchOptions()
-    p.add_argument("--preset", default=d.preset, help="model shape: tiny | bench | bagpiper | opuslm")
-    p.add_argument("--concurrency", type=_ints, default=d.concurrency, help="comma-separated levels")
-    p.add_argument("--audio-frames", type=int, default=d.audio_frames)
-    p.add_argument("--prompt-len", type=int, default=d.prompt_len)
-    p.add_argument("--cfg-scale", type=float, default=d.cfg_scale)
-    p.add_argument(
-        "--cfg-workload", type=int, default=d.cfg_workload, help="active sequences (multiple of 6)"
-    )
-    p.add_argument("--repeats", type=int, default=d.repeats)
-    p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
-    p.add_argument("--out", type=Path, default=d.out)
-    p.add_argument("--tag", default=None, help="results name: speechlm-<tag>.{json,md,png} (default: preset)")
-    p.add_argument("--no-plot", action="store_true")
+    OptionSet(SpeechLMBenchOptions).add_to(p)
     p.set_defaults(func=cmd_speechlm)
 
 
@@ -457,28 +456,12 @@ def cmd_speechlm(args: Any) -> int:
 
     from speclive.errors import ConfigError
 
-    if args.cfg_workload % 6 or args.cfg_workload < 6:
+    options = OptionSet(SpeechLMBenchOptions)
+    o = options.build(args)
+    if o.cfg_workload % 6 or o.cfg_workload < 6:
         raise ConfigError("--cfg-workload must be a positive multiple of 6")
-    parts = ["speclive", "bench", "speechlm", "--preset", args.preset]
-    parts += ["--concurrency", ",".join(map(str, args.concurrency)), "--audio-frames", str(args.audio_frames)]
-    parts += ["--prompt-len", str(args.prompt_len), "--cfg-scale", f"{args.cfg_scale:g}"]
-    parts += ["--cfg-workload", str(args.cfg_workload), "--repeats", str(args.repeats)]
-    tag = args.tag or args.preset
-    parts += ["--threads", str(args.threads), "--tag", tag]
-    o = SpeechLMBenchOptions(
-        preset=args.preset,
-        concurrency=args.concurrency,
-        audio_frames=args.audio_frames,
-        prompt_len=args.prompt_len,
-        cfg_scale=args.cfg_scale,
-        cfg_workload=args.cfg_workload,
-        repeats=args.repeats,
-        threads=args.threads,
-        out=args.out,
-        tag=tag,
-        plot=not args.no_plot,
-        command=report.command_line(parts),
-    )
+    o.tag = o.tag or o.preset
+    o.command = options.command(["speclive", "bench", "speechlm"], o)
     result = run_speechlm_bench(o, log=lambda m: print(m, file=sys.stderr))
     for path in write_outputs(result, o.out, o.tag, plot_it=o.plot):
         print(f"wrote {path}", file=sys.stderr)

@@ -16,6 +16,7 @@ translation of the full input (chrF and BLEU, sacrebleu; the paper's COMET needs
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from typing import Any
 
 from speclive.bench import report
 from speclive.bench.datasets import mtbench_questions
+from speclive.cli.flags import option
+from speclive.loader import BACKENDS, DEFAULT_MODEL
 
 #: sentences with fewer words re-translate in one or two updates: nothing to speculate on
 MIN_WORDS, MAX_WORDS = 8, 40
@@ -31,19 +34,23 @@ MIN_WORDS, MAX_WORDS = 8, 40
 
 @dataclass
 class RetranslateBenchOptions:
-    model: str = "qwen2.5-coder-0.5b-instruct"
-    backend: str = "llamacpp"
-    device: str = "cpu"
-    langs: Sequence[str] = ("de", "zh", "ja")
-    betas: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
-    mask_ks: Sequence[int] = (3, 5)
-    beta: float = 0.2
-    limit: int = 12
-    lag_k: int = 3
-    max_tokens: int = 160
-    out: Path = Path("benchmarks/results")
-    tag: str | None = None
-    plot: bool = True
+    """Settings of ``bench retranslate``; each field with a flag is its command-line option."""
+
+    model: str = option(DEFAULT_MODEL, "--model", always=True)
+    backend: str = option("llamacpp", "--backend", choices=BACKENDS, always=True)
+    device: str = option("cpu", "--device", help="torch device of the hf backend (cpu, cuda, ...)")
+    langs: Sequence[str] = option(("de", "zh", "ja"), "--langs", always=True)
+    betas: Sequence[float] = option((0.0, 0.1, 0.2, 0.3, 0.4, 0.5), "--betas", parse=float, always=True)
+    mask_ks: Sequence[int] = option((3, 5), "--mask-ks", parse=int, always=True)
+    beta: float = option(0.2, "--beta", parse=float, help="β of the mask-k rows", always=True)
+    limit: int = option(12, "--limit", parse=int, help="source sentences per language", always=True)
+    lag_k: int = option(3, "--lag-k", parse=int, always=True)
+    max_tokens: int = option(160, "--max-tokens", parse=int, always=True)
+    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    tag: str | None = option(
+        None, "--tag", help="results name: retranslate-<tag>.* (default: model-backend)", always=True
+    )
+    plot: bool = option(True, "--no-plot", result=False)
     command: str = ""
     configs: list[dict[str, Any]] = field(default_factory=list)
 
@@ -208,6 +215,11 @@ def summarize(records: list[dict[str, Any]], cfgs: list[dict[str, Any]], langs: 
                     "tps": out / secs if secs else None,
                     "speedup": (out / secs) / (ar_tokens / ar_secs) if secs and ar_secs else None,
                     "time_speedup": ar_secs / secs if secs else None,
+                    # what a reader of one stream feels: its own time, and the wait per update
+                    "stream_speedup": _median(
+                        [ar[r["stream"]]["seconds"] / r["seconds"] for r in rs if r["seconds"] > 0]
+                    ),
+                    "update_ms": 1000.0 * secs / max(1, sum(len(r["update_ids"]) for r in rs)),
                     "forwards": sum(r["target_forwards"] for r in rs),
                     "identical": identical,
                     **q,
@@ -218,6 +230,10 @@ def summarize(records: list[dict[str, Any]], cfgs: list[dict[str, Any]], langs: 
 
 def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
 
 
 COLUMNS = [
@@ -231,6 +247,8 @@ COLUMNS = [
     ("tps", "output tok/s", 1),
     ("speedup", "speedup (tok/s)", 2),
     ("time_speedup", "speedup (time)", 2),
+    ("stream_speedup", "median stream speedup (time)", 2),
+    ("update_ms", "ms per update", 0),
     ("forwards", "target passes", 0),
     ("identical", "identical to AR", 0),
 ]
@@ -244,7 +262,9 @@ def markdown(result: dict[str, Any]) -> str:
         "*NE* = normalized erasure of the displayed text (words; characters for zh/ja); *A/D* = accepted / "
         "drafted previous-output tokens; *A/O* = accepted previous-output tokens / all output tokens; "
         "*speedup (tok/s)* = output tokens per second over AR's (SSBD's definition), *speedup (time)* = AR "
-        "seconds / seconds; quality = chrF / BLEU of the final translation against AR's final translation "
+        "seconds / seconds (all streams), *median stream speedup* = the median over streams of AR's time "
+        "for that stream over this method's, *ms per update* = wall time per re-translation; "
+        "quality = chrF / BLEU of the final translation against AR's final translation "
         "of the full sentence; *identical* = streams whose every update is token-identical to AR.",
         "",
     ]

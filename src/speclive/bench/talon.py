@@ -347,14 +347,15 @@ def plot_talon(path: Path, result: Mapping[str, Any]) -> Path:
     return report.plot_speedups(path, result["summary"], f"Talon methods: speedup vs AR, {h['target']}")
 
 
-def run_talon(opts: Any, hf_peers: bool = False) -> dict[str, Any]:
-    """Run the decode benchmark with the Talon sets/methods and add the Talon extras."""
+def run_talon(opts: Any) -> dict[str, Any]:
+    """Run the decode benchmark with the Talon sets/methods and add the Talon extras
+    (``opts``: ``DecodeOptions``; ``hf_peers`` adds transformers' generate and assisted)."""
     from speclive.loader import load_backend
 
     load_avg_start = report.load_avg()  # before the datastore and the models load
-    if hf_peers and "hf" not in opts.backends:
+    if opts.hf_peers and "hf" not in opts.backends:
         opts.backends = [*opts.backends, "hf"]
-    if hf_peers:
+    if opts.hf_peers:
         ours = [m for m in opts.methods if not m.startswith(("hf-", "vllm-"))]
         opts.methods = list(dict.fromkeys([*opts.methods, *HF_PEER_METHODS]))
         opts.backend_methods = {b: ours for b in opts.backends if b != "hf"}

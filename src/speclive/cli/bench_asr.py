@@ -4,37 +4,58 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from speclive.cli.asr import parse_margin
+from speclive.cli.flags import OptionSet, option
+
+
+@dataclass
+class AsrBenchOptions:
+    """Settings of ``bench asr``; each field is its command-line option (``speclive.cli.flags``)."""
+
+    model: str = option("whisper-base", "--model", help="Whisper target", always=True)
+    draft: str = option(
+        "whisper-tiny.en", "--draft", help="draft model (other vocabularies are bridged)", always=True
+    )
+    self_draft: str = option(
+        "self:2", "--self-draft", help="also run a shallow self-draft ('' = skip)", always=True
+    )
+    piper: int = option(5, "--piper", parse=int, help="Piper-synthesized MT-Bench sentences", always=True)
+    draft_margin: float | None = option(
+        1.0,
+        "--draft-margin",
+        parse=parse_margin,
+        to_flag=lambda v: "none" if v is None else v,
+        help="also run rows with the draft encoding only the audio plus this many seconds "
+        "('none' = skip those rows)",
+        always=True,
+    )
+    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    tag: str | None = option(None, "--tag", help="result file stem suffix (default: <model>)", always=True)
+    threads: int | None = option(None, "--threads", parse=int, help="torch threads (default: all cores)")
+    device: str = option("cpu", "--device", help="torch device of the Whisper models (cpu, cuda, cuda:1)")
+    clips: Path | None = option(
+        None, "--clips", parse=Path, help="run the clips that --save-clips wrote there"
+    )
+    save_clips: Path | None = option(
+        None,
+        "--save-clips",
+        parse=Path,
+        help="write the LibriVox and Piper clips there and stop (for a machine without Piper)",
+        result=False,
+    )
+    plot: bool = option(True, "--no-plot", result=False)
+
+
+OPTIONS = OptionSet(AsrBenchOptions)
 
 
 def add_asr_bench_parser(sub: Any) -> None:
     a = sub.add_parser("asr", help="Whisper: AR vs plain SD vs SpecASR ablation, WER, cost curve")
-    a.add_argument("--model", default="whisper-base", help="Whisper target")
-    a.add_argument("--draft", default="whisper-tiny.en", help="draft model (other vocabularies are bridged)")
-    a.add_argument("--self-draft", default="self:2", help="also run a shallow self-draft ('' = skip)")
-    a.add_argument("--piper", type=int, default=5, help="Piper-synthesized MT-Bench sentences")
-    a.add_argument(
-        "--draft-margin",
-        type=parse_margin,
-        default=1.0,
-        help="also run rows with the draft encoding only the audio plus this many seconds "
-        "('none' = skip those rows)",
-    )
-    a.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    a.add_argument("--tag", default=None, help="result file stem suffix (default: <model>)")
-    a.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    a.add_argument("--device", default="cpu", help="torch device of the Whisper models (cpu, cuda, cuda:1)")
-    a.add_argument("--clips", type=Path, default=None, help="run the clips that --save-clips wrote there")
-    a.add_argument(
-        "--save-clips",
-        type=Path,
-        default=None,
-        help="write the LibriVox and Piper clips there and stop (for a machine without Piper)",
-    )
-    a.add_argument("--no-plot", action="store_true")
+    OPTIONS.add_to(a)
     a.set_defaults(func=cmd_asr_bench)
 
 
@@ -50,43 +71,34 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
     )
     from speclive.bench.report import machine_info, write_result_files
 
-    if args.save_clips is not None:
-        clips = librivox_clips() + piper_clips(args.piper)
-        save_clips(clips, args.save_clips)
-        print(f"wrote {len(clips)} clips to {args.save_clips}", file=sys.stderr)
+    o = OPTIONS.build(args)
+    if o.save_clips is not None:
+        clips = librivox_clips() + piper_clips(o.piper)
+        save_clips(clips, o.save_clips)
+        print(f"wrote {len(clips)} clips to {o.save_clips}", file=sys.stderr)
         return 0
-    tag = args.tag or args.model
-    command = (
-        f"flock /tmp/speclive-cpu.lock speclive bench asr --model {args.model} --draft {args.draft} "
-        f"--self-draft '{args.self_draft}' --piper {args.piper} "
-        f"--draft-margin {'none' if args.draft_margin is None else f'{args.draft_margin:g}'} --tag {tag}"
-    )
-    if args.threads:
+    o.tag = o.tag or o.model
+    if o.threads:
         import torch
 
-        torch.set_num_threads(args.threads)
-        command += f" --threads {args.threads}"
-    if args.device != "cpu":
-        command += f" --device {args.device}"
-    if args.clips is not None:
-        command += f" --clips {args.clips}"
+        torch.set_num_threads(o.threads)
     result = run_asr_bench(
-        args.model,
-        args.draft,
-        args.self_draft or None,
-        args.piper,
-        draft_margin_s=args.draft_margin,
+        o.model,
+        o.draft,
+        o.self_draft or None,
+        o.piper,
+        draft_margin_s=o.draft_margin,
         log=lambda m: print(m, file=sys.stderr),
-        device=args.device,
-        clips=None if args.clips is None else clips_from(args.clips),
+        device=o.device,
+        clips=None if o.clips is None else clips_from(o.clips),
     )
-    on_cpu = args.device == "cpu"
+    on_cpu = o.device == "cpu"
     result["header"] = {
         "machine": machine_info(),
-        "models": {"target": args.model, "draft": args.draft, "self_draft": args.self_draft or "-"},
+        "models": {"target": o.model, "draft": o.draft, "self_draft": o.self_draft or "-"},
         "settings": {
             "precision": "fp32",
-            "device": args.device,
+            "device": o.device,
             "torch_threads": __import__("torch").get_num_threads(),
             "decoding": "greedy, no timestamps, Whisper suppression rules",
             "specasr": "threshold 0.4, max_len 24, <=3 branches of <=3 tokens, match window +-1, "
@@ -95,16 +107,16 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
             + ", full vocabulary (target float32); "
             + (
                 "full 30 s audio window"
-                if args.draft_margin is None
-                else f"full 30 s window, or audio + {args.draft_margin:g} s where the row says so"
+                if o.draft_margin is None
+                else f"full 30 s window, or audio + {o.draft_margin:g} s where the row says so"
             ),
         },
         "skipped": [
             "transformers assistant_model: base and tiny.en have different vocabularies (51865 vs 51864)"
         ],
-        "command": command,
+        "command": OPTIONS.command(["speclive", "bench", "asr"], o),
     }
-    paths = write_result_files(result, args.out, f"asr-{tag}", markdown, None if args.no_plot else plot)
+    paths = write_result_files(result, o.out, f"asr-{o.tag}", markdown, plot if o.plot else None)
     for p in paths:
         print(f"wrote {p}", file=sys.stderr)
     print(markdown(result))

@@ -39,6 +39,46 @@ from speclive.backends.base import Backend, CostModel
 from speclive.drafting.tree import DraftTree
 
 
+class ProbeBackoff:
+    """When a drafter that is switched off tries again: after ``wait`` steps off, a probe.
+
+    ``wait`` starts at ``first`` and doubles (up to ``cap``) after a probe that did not pay;
+    ``reset`` brings it back once drafting pays. Shared by the length controller (one chain)
+    and the suffix drafter (a whole tree).
+    """
+
+    def __init__(self, first: int, cap: int = 256):
+        self.first = first
+        self.cap = cap
+        self.wait = first
+        #: steps off since the last probe or draft
+        self.off_steps = 0
+
+    def due(self) -> bool:
+        return self.off_steps >= self.wait
+
+    def tick(self) -> bool:
+        """Count one step off; True when a probe is due now (the wait then doubles)."""
+        self.off_steps += 1
+        if not self.due():
+            return False
+        self.off_steps = 0
+        self.grow()
+        return True
+
+    def grow(self) -> None:
+        self.wait = min(self.wait * 2, self.cap)
+
+    def reset(self) -> None:
+        self.wait = self.first
+
+    def load(self, wait: int, off_steps: int | None = None) -> None:
+        """Restore a saved wait (clamped to [first, cap]) and, if given, the steps off."""
+        self.wait = min(max(int(wait), self.first), self.cap)
+        if off_steps is not None:
+            self.off_steps = max(0, int(off_steps))
+
+
 @dataclass
 class AdaptiveConfig:
     #: longest draft (chain length) ever proposed
@@ -72,8 +112,7 @@ class AdaptiveLength:
         self.alpha = self.cfg.prior_alpha
         self.target_cost: CostModel | None = None
         self.draft_ratio = 0.0  # cost of one drafted token in units of one target step
-        self._off_steps = 0
-        self._backoff = self.cfg.probe_after
+        self.backoff = ProbeBackoff(self.cfg.probe_after)
         self.off = False
         # measured vs modelled seconds of drafting steps (EMAs): the model misses overheads
         # (draft-cache sync, Python, logits copies), the measurement does not
@@ -172,15 +211,10 @@ class AdaptiveLength:
         k = self.best_length()
         if k > 0:
             self.off = False
-            self._backoff = self.cfg.probe_after
+            self.backoff.reset()
             return k
         self.off = True
-        self._off_steps += 1
-        if self._off_steps >= self._backoff:
-            self._off_steps = 0
-            self._backoff = min(self._backoff * 2, 256)
-            return self.cfg.probe_len
-        return 0
+        return self.cfg.probe_len if self.backoff.tick() else 0
 
     def state(self) -> dict:
         """What this controller has learned, as plain JSON-able values (``load_state`` inverse)."""
@@ -192,7 +226,7 @@ class AdaptiveLength:
             "reach": list(self._reach),
             "fail": list(self._fail),
             "off": self.off,
-            "backoff": self._backoff,
+            "backoff": self.backoff.wait,
         }
 
     def load_state(self, st: dict) -> None:
@@ -216,7 +250,7 @@ class AdaptiveLength:
         self._reach = (reach + [0.0] * n)[:n] if reach else [0.0] * n
         self._fail = (fail + [0.0] * n)[:n] if fail else [0.0] * n
         self.off = bool(st.get("off", False))
-        self._backoff = min(max(backoff, self.cfg.probe_after), 256)
+        self.backoff.load(backoff)
 
     def update(self, drafted: int, accepted: int) -> None:
         """Account one verification: ``accepted`` of the ``drafted`` chain tokens were kept.

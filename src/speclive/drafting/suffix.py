@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from speclive.backends.base import Backend
-from speclive.drafting.base import AdaptiveLength, Drafter, StepFeedback
+from speclive.drafting.base import AdaptiveLength, Drafter, ProbeBackoff, StepFeedback
 from speclive.drafting.datastore import SuffixDatastore
 from speclive.drafting.ngram import (
     BUCKET_PRIOR,
@@ -145,8 +145,7 @@ class SuffixDrafter(Drafter):
         self.calib = Calibrator(ceil=self.cfg.calib_ceil)
         self.lookup_stats = LookupStats()
         self._lookup_ema: float | None = None
-        self._off = 0
-        self._backoff = self.cfg.probe_after
+        self.backoff = ProbeBackoff(self.cfg.probe_after)
         self._probing = False
         # per proposed node: (calibration key, raw score) of the last proposal
         self._last: list[tuple[str, float]] = []
@@ -260,7 +259,7 @@ class SuffixDrafter(Drafter):
         empty, the first of them is verified anyway (else the copied chain's probe, if it asks).
         """
         force = 0
-        if self._off >= self._backoff:
+        if self.backoff.due():
             force = self.cfg.probe_nodes
         nodes, gain = cand.select(
             budget, self._cost, draft_cost, self._max_leaves(), self.cfg.min_gain, force=force
@@ -275,9 +274,9 @@ class SuffixDrafter(Drafter):
         # something of it is accepted (``_learn``); drafts expected to pay leave it alone
         self._probing = bool(nodes) and gain < self.cfg.min_gain
         if nodes:
-            self._off = 0
+            self.backoff.off_steps = 0
         else:
-            self._off += 1
+            self.backoff.off_steps += 1
         self._last = [(cand.key[i], cand.raw[i]) for i in nodes]
         pos = {c: j for j, c in enumerate(nodes)}
         chains = {name: [pos[c] for c in idx if c in pos] for name, idx in cand.chains.items()}
@@ -333,7 +332,10 @@ class SuffixDrafter(Drafter):
         (the last proposal, or a free probe) were accepted."""
         chains, self._chains = self._chains, {}
         if self._probing:
-            self._backoff = self.cfg.probe_after if accepted_nodes else min(self._backoff * 2, 256)
+            if accepted_nodes:
+                self.backoff.reset()
+            else:
+                self.backoff.grow()
         self._probing = False
         if not self._last or len(self._last) != len(tree):
             return
@@ -369,8 +371,8 @@ class SuffixDrafter(Drafter):
             "chain": controllers_state(self.chain_ctl),
             "chain_output": controllers_state(self.chain_ctl_output),
             "calib": self.calib.state(),
-            "off": self._off,
-            "backoff": self._backoff,
+            "off": self.backoff.off_steps,
+            "backoff": self.backoff.wait,
             "lookup_ema": self._lookup_ema,
         }
 
@@ -383,8 +385,7 @@ class SuffixDrafter(Drafter):
         load_controllers(self.chain_ctl_output, data.get("chain_output", {}))
         if calib is not None:
             self.calib.load_state(calib)
-        self._backoff = min(max(backoff, self.cfg.probe_after), 256)
-        self._off = max(0, off)
+        self.backoff.load(backoff, off)
         self._lookup_ema = float(lookup) if lookup else None
 
 
