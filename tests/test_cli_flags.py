@@ -105,12 +105,17 @@ BENCH_ARGV = [
     ["speechlm", "--concurrency", "1,4", "--cfg-scale", "1.5", "--no-plot"],
     ["asr", "--draft-margin", "none", "--self-draft", "", "--threads", "2", "--clips", "/c"],
     ["asr", "--draft-margin", "0.5", "--device", "cuda"],
+    ["serve", "--model", "m.gguf", "--sets", "none", "--voice-sessions", "2,3", "--max-sessions", "5"],
+    ["scale", "--sessions", "1,2", "--betas", "0", "--workloads", "chat", "--enforce-eager", "--cpm", "450"],
+    ["fuzz", "--asr-model", "w", "--requests", "20", "--events", "30", "--seed", "1", "--tag", "t"],
+    ["soak", "--minutes", "0.5", "--warmup-minutes", "0.1", "--sample-s", "2", "--chat-clients", "0"],
 ]
 
 
 @pytest.mark.parametrize("argv", BENCH_ARGV, ids=lambda a: a[0])
 def test_bench_commands_reproduce_their_options(argv: list[str]) -> None:
     """The command written into a result re-parses to the options that produced it."""
+    from speclive.bench import reliability, scale, serve, soak
     from speclive.bench.speechlm import SpeechLMBenchOptions
     from speclive.cli import bench, bench_asr
 
@@ -119,6 +124,10 @@ def test_bench_commands_reproduce_their_options(argv: list[str]) -> None:
         "talon": bench.talon_options,
         "speechlm": lambda: OptionSet(SpeechLMBenchOptions),
         "asr": lambda: bench_asr.OPTIONS,
+        "serve": lambda: serve.OPTIONS,
+        "scale": lambda: scale.OPTIONS,
+        "fuzz": lambda: reliability.OPTIONS,
+        "soak": lambda: soak.OPTIONS,
     }
     options = special.get(argv[0], lambda: bench._options(argv[0]))()
     p = argparse.ArgumentParser(prog="speclive")

@@ -18,12 +18,14 @@ import argparse
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from speclive.bench import report
 from speclive.bench.fuzz import fuzz_rest
 from speclive.bench.fuzz_realtime import fuzz_realtime
+from speclive.cli.flags import OptionSet, option
 
 
 class ErrorLog(logging.Handler):
@@ -37,19 +39,35 @@ class ErrorLog(logging.Handler):
         self.records.append(self.format(record)[:2000])
 
 
+@dataclass
+class FuzzOptions:
+    """Settings of ``bench fuzz``; each field with a flag is its command-line option."""
+
+    model: str = option(
+        "smollm2-135m-instruct", "--model", help="chat model of the fuzzed server", always=True
+    )
+    asr_model: str = option("whisper-tiny.en", "--asr-model", always=True)
+    requests: int = option(
+        10_000, "--requests", parse=int, help="generated requests per REST operation", always=True
+    )
+    events: int = option(10_000, "--events", parse=int, help="generated realtime client events", always=True)
+    seed: int = option(0, "--seed", parse=int, always=True)
+    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    #: results stem fuzz-<tag> (the command sets the default: the model)
+    tag: str | None = option(None, "--tag", help="results name: fuzz-<tag>.*", always=True)
+    command: str = ""
+
+
+OPTIONS = OptionSet(FuzzOptions)
+
+
 def add_fuzz_parser(sub: Any) -> None:
     p = sub.add_parser("fuzz", help="fuzz the server: REST from its OpenAPI schema, the realtime WebSocket")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="chat model of the fuzzed server")
-    p.add_argument("--asr-model", default="whisper-tiny.en")
-    p.add_argument("--requests", type=int, default=10_000, help="generated requests per REST operation")
-    p.add_argument("--events", type=int, default=10_000, help="generated realtime client events")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--tag", default=None, help="results name: fuzz-<tag>.*")
+    OPTIONS.add_to(p)
     p.set_defaults(func=cmd_fuzz)
 
 
-def _server(args: argparse.Namespace, key: str):
+def _server(opts: FuzzOptions, key: str):
     from speclive.asr.transcribe import TranscribeConfig, Transcriber
     from speclive.loader import load_backend
     from speclive.server.app import create_app
@@ -58,8 +76,8 @@ def _server(args: argparse.Namespace, key: str):
 
     # limits small enough that the fuzzer reaches each of them in seconds
     config = ServerConfig(
-        model=args.model,
-        asr_model=args.asr_model,
+        model=opts.model,
+        asr_model=opts.asr_model,
         api_key=key,
         max_sessions=4,
         max_tokens=8,
@@ -72,11 +90,11 @@ def _server(args: argparse.Namespace, key: str):
         realtime_send_timeout_s=5.0,
     )
     tts = PiperTTS(config.tts_voice)
-    stt = Transcriber(TranscribeConfig(model=args.asr_model, method="specasr", draft="self:1"))
+    stt = Transcriber(TranscribeConfig(model=opts.asr_model, method="specasr", draft="self:1"))
     live = Transcriber(
-        TranscribeConfig(model=args.asr_model, method="specasr", draft="self:1", target_audio_margin_s=1.0)
+        TranscribeConfig(model=opts.asr_model, method="specasr", draft="self:1", target_audio_margin_s=1.0)
     )
-    backend = load_backend(args.model, "llamacpp", n_ctx=2048)
+    backend = load_backend(opts.model, "llamacpp", n_ctx=2048)
     app = create_app(config, backend=backend, transcriber=stt, live_transcriber=live, tts=tts)
     return app, config, tts
 
@@ -85,15 +103,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from speclive.server.audio import resample
     from speclive.server.inproc import serve_in_thread
 
+    opts = OPTIONS.build(args)
     key = "fuzz-bench-key"
-    tag = f"fuzz-{args.tag or args.model}"
-    command = report.command_line(
-        ["speclive", "bench", "fuzz", "--model", args.model, "--asr-model", args.asr_model]
-        + ["--requests", str(args.requests), "--events", str(args.events), "--seed", str(args.seed)]
-        + ["--tag", tag.removeprefix("fuzz-")]
-    )
-    header = {"machine": report.machine_info(), "command": command}
-    app, config, tts = _server(args, key)
+    opts.tag = opts.tag or opts.model
+    opts.command = OPTIONS.command(["speclive", "bench", "fuzz"], opts)
+    header = {"machine": report.machine_info(), "command": opts.command}
+    app, config, tts = _server(opts, key)
     spoken = tts.synthesize("What is the capital of France?")
     speech = resample(spoken.samples, spoken.sample_rate, 16_000)
     errors = ErrorLog()
@@ -109,19 +124,19 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     try:
         with serve_in_thread(app) as url:
-            print(f"fuzzing REST: {args.requests} requests per operation", file=sys.stderr)
+            print(f"fuzzing REST: {opts.requests} requests per operation", file=sys.stderr)
             # half valid, half invalid requests per operation
             rest = fuzz_rest(
-                app, url, examples=max(1, args.requests // 2), api_key=key, seed=args.seed, progress=progress
+                app, url, examples=max(1, opts.requests // 2), api_key=key, seed=opts.seed, progress=progress
             )
-            print(f"fuzzing the realtime WebSocket: {args.events} events", file=sys.stderr)
+            print(f"fuzzing the realtime WebSocket: {opts.events} events", file=sys.stderr)
             ws = fuzz_realtime(
                 url,
                 config,
-                events=args.events,
+                events=opts.events,
                 api_key=key,
                 speech=speech,
-                seed=args.seed,
+                seed=opts.seed,
                 progress=lambda n: progress("realtime events", n),
             )
     finally:
@@ -144,14 +159,14 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     result = {
         "header": {
             **header,
-            "models": f"{args.model} (llama.cpp), {args.asr_model}, Piper",
+            "models": f"{opts.model} (llama.cpp), {opts.asr_model}, Piper",
             "limits": limits,
         },
         "rest": [r.to_dict() for r in rest],
         "realtime": ws.to_dict(),
         "server_errors_logged": errors.records,
     }
-    for p in report.write_result_files(result, args.out, tag, fuzz_markdown, None):
+    for p in report.write_result_files(result, opts.out, f"fuzz-{opts.tag}", fuzz_markdown, None):
         print(f"wrote {p}", file=sys.stderr)
     print(fuzz_markdown(result))
     bad = sum(len(r["violations"]) for r in result["rest"]) + len(ws.violations) + len(errors.records)

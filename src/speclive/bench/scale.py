@@ -38,6 +38,7 @@ from typing import Any
 
 from speclive.bench import report
 from speclive.bench.datasets import mtbench_questions
+from speclive.cli.flags import OptionSet, option
 
 #: words of a voice-chat question (shorter ones are over before speculation can help)
 Q_MIN_WORDS, Q_MAX_WORDS = 8, 22
@@ -45,23 +46,41 @@ Q_MIN_WORDS, Q_MAX_WORDS = 8, 22
 
 @dataclass
 class ScaleBenchOptions:
-    model: str = "smollm2-135m-instruct"
+    """Settings of ``bench scale``; each field with a flag is its command-line option."""
+
+    model: str = option(
+        "smollm2-135m-instruct",
+        "--model",
+        help="model vLLM serves (registry name or HF folder)",
+        always=True,
+    )
+    #: running ``vllm serve`` replicas (empty: start one); from the plain ``--vllm-url`` argument
     vllm_urls: Sequence[str] = ()
-    enforce_eager: bool = False
-    sessions: Sequence[int] = (1, 8)
-    rounds: int = 2
-    betas: Sequence[float] = (0.0, 0.2)
-    target_lang: str = "de"
-    lag_k: int = 3
-    ssbd_max_tokens: int = 64
-    cpm: float = 900.0
-    chat_max_tokens: int = 64
-    workloads: Sequence[str] = ("retranslate", "chat")
-    out: Path = Path("benchmarks/results")
-    tag: str | None = None
-    plot: bool = True
+    enforce_eager: bool = option(
+        False, "--enforce-eager", help="start vLLM without torch.compile (quick checks)"
+    )
+    sessions: Sequence[int] = option(
+        (1, 8), "--sessions", parse=int, help="concurrent session counts", always=True
+    )
+    rounds: int = option(2, "--rounds", parse=int, always=True)
+    betas: Sequence[float] = option((0.0, 0.2), "--betas", parse=float, help="SSBD bias values", always=True)
+    workloads: Sequence[str] = option(("retranslate", "chat"), "--workloads", always=True)
+    target_lang: str = option("de", "--target-lang", always=True)
+    lag_k: int = option(3, "--lag-k", parse=int, always=True)
+    ssbd_max_tokens: int = option(64, "--ssbd-max-tokens", parse=int, always=True)
+    cpm: float = option(900.0, "--cpm", parse=float, help="voice chat: user speaking rate", always=True)
+    chat_max_tokens: int = option(64, "--chat-max-tokens", parse=int, always=True)
+    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    #: results stem scale-<tag> (the command sets the default: the model)
+    tag: str | None = option(
+        None, "--tag", help="results name: scale-<tag>.* (default: the model)", always=True
+    )
+    plot: bool = option(True, "--no-plot", result=False)
     command: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+OPTIONS = OptionSet(ScaleBenchOptions)
 
 
 def _sentences(n_min: int, n_max: int) -> list[str]:
@@ -451,66 +470,24 @@ def add_scale_bench_parser(sub: Any) -> None:
     p = sub.add_parser(
         "scale", help="speclive sessions on vLLM vs plain vLLM, 1 and N concurrent sessions (SSBD, PredGen)"
     )
-    p.add_argument(
-        "--model", default="smollm2-135m-instruct", help="model vLLM serves (registry name or HF folder)"
-    )
+    OPTIONS.add_to(p)
+    # a plain argument, not an options field: it is given once per server (argparse's append,
+    # which option() does not declare), and it names this machine's servers, not a setting of
+    # the result, so it never belongs in the reproducing command
     p.add_argument(
         "--vllm-url", action="append", default=[], help="use this running vllm serve (default: start one)"
     )
-    p.add_argument(
-        "--enforce-eager", action="store_true", help="start vLLM without torch.compile (quick checks)"
-    )
-    p.add_argument("--sessions", default="1,8", help="concurrent session counts")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--betas", default="0,0.2", help="SSBD bias values")
-    p.add_argument("--workloads", default="retranslate,chat")
-    p.add_argument("--target-lang", default="de")
-    p.add_argument("--lag-k", type=int, default=3)
-    p.add_argument("--ssbd-max-tokens", type=int, default=64)
-    p.add_argument("--cpm", type=float, default=900.0, help="voice chat: user speaking rate")
-    p.add_argument("--chat-max-tokens", type=int, default=64)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--tag", default=None, help="results name: scale-<tag>.* (default: the model)")
-    p.add_argument("--no-plot", action="store_true")
     p.set_defaults(func=cmd_scale)
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
     from speclive.engines.options import vllm_urls
 
-    sessions = [int(x) for x in args.sessions.split(",") if x.strip()]
-    betas = [float(x) for x in args.betas.split(",") if x.strip()]
-    workloads = [x.strip() for x in args.workloads.split(",") if x.strip()]
-    tag = f"scale-{args.tag or args.model}"
-    parts = ["speclive", "bench", "scale", "--model", args.model, "--sessions", args.sessions]
-    parts += ["--rounds", str(args.rounds), "--betas", args.betas, "--workloads", args.workloads]
-    parts += ["--target-lang", args.target_lang, "--lag-k", str(args.lag_k)]
-    parts += ["--ssbd-max-tokens", str(args.ssbd_max_tokens), "--cpm", f"{args.cpm:g}"]
-    parts += ["--chat-max-tokens", str(args.chat_max_tokens)]
-    if args.enforce_eager:
-        parts.append("--enforce-eager")
-    if args.tag:
-        parts += ["--tag", args.tag]
-    opts = ScaleBenchOptions(
-        model=args.model,
-        vllm_urls=vllm_urls(args.vllm_url),
-        enforce_eager=args.enforce_eager,
-        sessions=sessions,
-        rounds=args.rounds,
-        betas=betas,
-        target_lang=args.target_lang,
-        lag_k=args.lag_k,
-        ssbd_max_tokens=args.ssbd_max_tokens,
-        cpm=args.cpm,
-        chat_max_tokens=args.chat_max_tokens,
-        workloads=workloads,
-        out=args.out,
-        tag=tag,
-        plot=not args.no_plot,
-        command=report.command_line(parts),
-    )
+    opts = OPTIONS.build(args, vllm_urls=vllm_urls(args.vllm_url))
+    opts.tag = opts.tag or opts.model
+    opts.command = OPTIONS.command(["speclive", "bench", "scale"], opts)
     result = run_scale_bench(opts, log=lambda m: print(m, file=sys.stderr, flush=True))
-    for p in write_outputs(result, args.out, tag, plot_it=opts.plot):
+    for p in write_outputs(result, opts.out, f"scale-{opts.tag}", plot_it=opts.plot):
         print(f"wrote {p}", file=sys.stderr)
     print(markdown(result))
     return 0

@@ -23,6 +23,7 @@ A couple of warm-up requests per server come first and are not counted.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -42,6 +43,7 @@ import numpy as np
 
 from speclive.bench import datasets, report
 from speclive.bench.live import chat_questions, speak
+from speclive.cli.flags import OptionSet, option
 from speclive.server.inproc import free_port
 
 SERVERS = ("speclive", "llama_cpp.server")
@@ -49,22 +51,52 @@ SERVERS = ("speclive", "llama_cpp.server")
 
 @dataclass
 class ServeBenchOptions:
-    model: str
-    prompts: dict[str, list[str]]
-    max_tokens: int = 128
-    clients: int = 8
-    threads: int = 2
+    """Settings of ``bench serve``; each field with a flag is its command-line option."""
+
+    #: None: the server's default model (the command resolves it before writing its command line)
+    model: str | None = option(
+        None, "--model", help="registry name or .gguf (default: the server's default model)", always=True
+    )
+    sets: list[str] = option(
+        ["mtbench", "code-edit"],
+        "--sets",
+        help="prompt sets: mtbench, code-edit; none: the realtime phase only",
+        always=True,
+    )
+    limit: int = option(8, "--limit", parse=int, help="prompts per set", always=True)
+    #: the prompts of each set (``sets``, ``limit``): the command loads them
+    prompts: dict[str, list[str]] = field(default_factory=dict)
+    max_tokens: int = option(128, "--max-tokens", parse=int, always=True)
+    clients: int = option(8, "--clients", parse=int, always=True)
+    #: llama.cpp threads of each server (default: every core)
+    threads: int = option(os.cpu_count() or 2, "--threads", parse=int, always=True)
     n_ctx: int = 4096
-    drafter: str = "ngram"
+    drafter: str = option("ngram", "--drafter", always=True)
     warmup: int = 2
     #: spoken questions for the realtime phase (0: no realtime phase)
-    voice_questions: int = 6
-    voice_concurrency: tuple[int, ...] = (1, 4)
+    voice_questions: int = option(
+        6,
+        "--voice-questions",
+        parse=int,
+        help="spoken questions for the realtime phase (0: none)",
+        always=True,
+    )
+    #: the realtime phase's concurrencies (sessions at once)
+    voice_sessions: list[int] = option(
+        [1, 4], "--voice-sessions", parse=int, help="realtime sessions at once, comma-separated", always=True
+    )
     #: speclive's ``--max-sessions`` (None: enough for every client and voice session at once)
-    max_sessions: int | None = None
+    max_sessions: int | None = option(
+        None, "--max-sessions", parse=int, help="speclive's --max-sessions (default: clients)"
+    )
+    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    #: results stem serve-<tag> (the command sets the default: the model)
+    tag: str | None = option(None, "--tag", help="results name: serve-<tag>.*", always=True)
+    plot: bool = option(True, "--no-plot", result=False)
     command: str = ""
-    out: Path = Path("benchmarks/results")
-    tag: str = "serve"
+
+
+OPTIONS = OptionSet(ServeBenchOptions)
 
 
 @dataclass
@@ -331,7 +363,7 @@ def _voice_phase(url: str, opts: ServeBenchOptions, log: Callable[[str], None]) 
     records: list[dict[str, Any]] = []
     methods = ("predgen", "cascade")
     for i in range(len(spoken)):
-        for conc in opts.voice_concurrency:
+        for conc in opts.voice_sessions:
             order = methods if i % 2 == 0 else methods[::-1]
             for method in order:
                 batch = [spoken[(i + j) % len(spoken)] for j in range(conc)]
@@ -362,7 +394,7 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
     ours_port, peer_port = free_port(), free_port()
     # speclive computes that many requests at once (their verification passes batched); the
     # peer's server takes one request at a time whatever it is told
-    sessions = opts.max_sessions or max(opts.clients, *opts.voice_concurrency, 1)
+    sessions = opts.max_sessions or max(opts.clients, *opts.voice_sessions, 1)
     cmds = {
         "speclive": [
             py,
@@ -449,7 +481,7 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
         "warmup_requests": opts.warmup,
         "prompts": {k: len(v) for k, v in opts.prompts.items()},
         "voice_questions": opts.voice_questions,
-        "voice_concurrency": list(opts.voice_concurrency),
+        "voice_concurrency": list(opts.voice_sessions),  # the key earlier results use
         "speclive_max_sessions": sessions,
     }
     header |= {"settings": settings, "command": opts.command}
@@ -633,33 +665,11 @@ def plot_serve(path: Path, result: dict[str, Any]) -> Path:
     return path
 
 
-def add_serve_bench_parser(sub) -> None:
+def add_serve_bench_parser(sub: Any) -> None:
     p = sub.add_parser(
         "serve", help="speclive serve vs llama-cpp-python's OpenAI server: TTFT, tok/s, N clients"
     )
-    p.add_argument(
-        "--model", default=None, help="registry name or .gguf (default: the server's default model)"
-    )
-    p.add_argument(
-        "--sets",
-        default="mtbench,code-edit",
-        help="prompt sets: mtbench, code-edit; none: the realtime phase only",
-    )
-    p.add_argument("--limit", type=int, default=8, help="prompts per set")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    p.add_argument("--drafter", default="ngram")
-    p.add_argument(
-        "--voice-questions", type=int, default=6, help="spoken questions for the realtime phase (0: none)"
-    )
-    p.add_argument("--voice-sessions", default="1,4", help="realtime sessions at once, comma-separated")
-    p.add_argument(
-        "--max-sessions", type=int, default=None, help="speclive's --max-sessions (default: clients)"
-    )
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--tag", default=None, help="results name: serve-<tag>.*")
-    p.add_argument("--no-plot", action="store_true")
+    OPTIONS.add_to(p)
     p.set_defaults(func=cmd_serve_bench)
 
 
@@ -681,52 +691,17 @@ def _prompt_sets(names: list[str], limit: int) -> dict[str, list[str]]:
     return out
 
 
-def cmd_serve_bench(args) -> int:
+def cmd_serve_bench(args: argparse.Namespace) -> int:
     from speclive.loader import DEFAULT_MODEL
 
-    model = args.model or DEFAULT_MODEL
-    sets = [s for s in args.sets.split(",") if s]
-    tag = f"serve-{args.tag or model}"
-    parts = [
-        "speclive",
-        "bench",
-        "serve",
-        "--model",
-        model,
-        "--sets",
-        ",".join(sets),
-        "--limit",
-        str(args.limit),
-    ]
-    parts += [
-        "--max-tokens",
-        str(args.max_tokens),
-        "--clients",
-        str(args.clients),
-        "--threads",
-        str(args.threads),
-    ]
-    parts += ["--drafter", args.drafter, "--voice-questions", str(args.voice_questions)]
-    parts += ["--voice-sessions", args.voice_sessions, "--tag", tag.removeprefix("serve-")]
-    if args.max_sessions:
-        parts += ["--max-sessions", str(args.max_sessions)]
-    opts = ServeBenchOptions(
-        model=model,
-        prompts=_prompt_sets(sets, args.limit),
-        max_tokens=args.max_tokens,
-        clients=args.clients,
-        threads=args.threads,
-        drafter=args.drafter,
-        voice_questions=args.voice_questions,
-        voice_concurrency=tuple(int(x) for x in args.voice_sessions.split(",") if x),
-        max_sessions=args.max_sessions,
-        command=report.command_line(parts),
-        out=args.out,
-        tag=tag,
-    )
+    opts = OPTIONS.build(args)
+    opts.prompts = _prompt_sets(opts.sets, opts.limit)
+    opts.model = opts.model or DEFAULT_MODEL
+    opts.tag = opts.tag or opts.model
+    opts.command = OPTIONS.command(["speclive", "bench", "serve"], opts)
     result = run_serve_bench(opts, lambda m: print(m, file=sys.stderr))
     for p in report.write_result_files(
-        result, args.out, tag, serve_markdown, None if args.no_plot else plot_serve
+        result, opts.out, f"serve-{opts.tag}", serve_markdown, plot_serve if opts.plot else None
     ):
         print(f"wrote {p}", file=sys.stderr)
     print(serve_markdown(result))

@@ -23,6 +23,7 @@ import re
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import numpy as np
 from speclive.bench import report
 from speclive.bench.fuzz_realtime import scrape
 from speclive.bench.serve import start_server, stop_server
+from speclive.cli.flags import OptionSet, option
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -54,19 +56,35 @@ QUESTIONS = (
 CHAT_PROMPTS = ("Give me one tip for sleeping well.", "Write a haiku about rain.", "What is 17 times 3?")
 
 
+@dataclass
+class SoakOptions:
+    """Settings of ``bench soak``; each field with a flag is its command-line option."""
+
+    sessions: int = option(16, "--sessions", parse=int, help="realtime voice sessions at once", always=True)
+    chat_clients: int = option(2, "--chat-clients", parse=int, always=True)
+    minutes: float = option(10.0, "--minutes", parse=float, always=True)
+    #: RSS and descriptor growth are measured from this point on (None: a fifth of the run)
+    warmup_minutes: float | None = option(
+        None, "--warmup-minutes", parse=float, help="default: a fifth of the run"
+    )
+    model: str = option("smollm2-135m-instruct", "--model", always=True)
+    asr_model: str = option("whisper-tiny.en", "--asr-model", always=True)
+    asr_draft: str = option("self:1", "--asr-draft", always=True)
+    #: seconds between two readings of the server's metrics
+    sample_s: float = option(10.0, "--sample-s", parse=float)
+    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    #: results stem soak-<tag> (the command sets the default: the model)
+    tag: str | None = option(None, "--tag", help="results name: soak-<tag>.*", always=True)
+    plot: bool = option(True, "--no-plot", result=False)
+    command: str = ""
+
+
+OPTIONS = OptionSet(SoakOptions)
+
+
 def add_soak_parser(sub: Any) -> None:
     p = sub.add_parser("soak", help="realtime voice sessions and chat clients against one server for minutes")
-    p.add_argument("--sessions", type=int, default=16, help="realtime voice sessions at once")
-    p.add_argument("--chat-clients", type=int, default=2)
-    p.add_argument("--minutes", type=float, default=10.0)
-    p.add_argument("--warmup-minutes", type=float, default=None, help="default: a fifth of the run")
-    p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--asr-model", default="whisper-tiny.en")
-    p.add_argument("--asr-draft", default="self:1")
-    p.add_argument("--sample-s", type=float, default=10.0)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--tag", default=None, help="results name: soak-<tag>.*")
-    p.add_argument("--no-plot", action="store_true")
+    OPTIONS.add_to(p)
     p.set_defaults(func=cmd_soak)
 
 
@@ -223,28 +241,29 @@ class _Chat(threading.Thread):
                     time.sleep(1.0)
 
 
-def run_soak(args: argparse.Namespace, command: str) -> dict[str, Any]:
+def run_soak(opts: SoakOptions) -> dict[str, Any]:
+    """Start the server, run the sessions and chat clients for ``opts.minutes``, summarize."""
     from speclive.server.inproc import free_port
 
     load_avg_start = report.load_avg()  # before the server loads its models
     key = "soak-key"
     port = free_port()
-    questions = tuple(QUESTIONS[i % len(QUESTIONS)] for i in range(args.sessions))
+    questions = tuple(QUESTIONS[i % len(QUESTIONS)] for i in range(opts.sessions))
     print(f"speaking {len(set(questions))} questions with Piper ...", file=sys.stderr)
     audio = _spoken(tuple(dict.fromkeys(questions)), "piper-joe-medium")
     by_q = dict(zip(dict.fromkeys(questions), audio, strict=True))
-    cmd = [sys.executable, "-m", "speclive.cli", "serve", "--port", str(port), "--model", args.model]
-    cmd += ["--asr-model", args.asr_model, "--asr-draft", args.asr_draft, "--api-key", key]
-    cmd += ["--max-sessions", str(args.sessions + args.chat_clients + 1), "--log-level", "warning"]
-    args.out.mkdir(parents=True, exist_ok=True)
-    srv = start_server("speclive-soak", cmd, port, args.out, timeout=900, ready="/health")
+    cmd = [sys.executable, "-m", "speclive.cli", "serve", "--port", str(port), "--model", opts.model]
+    cmd += ["--asr-model", opts.asr_model, "--asr-draft", opts.asr_draft, "--api-key", key]
+    cmd += ["--max-sessions", str(opts.sessions + opts.chat_clients + 1), "--log-level", "warning"]
+    opts.out.mkdir(parents=True, exist_ok=True)
+    srv = start_server("speclive-soak", cmd, port, opts.out, timeout=900, ready="/health")
     samples: list[dict[str, float]] = []
     try:
         http = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
         t0 = time.perf_counter()
-        deadline = t0 + args.minutes * 60
+        deadline = t0 + opts.minutes * 60
         voices = [_Voice(i, srv.url, key, by_q[q], deadline, t0) for i, q in enumerate(questions)]
-        chats = [_Chat(i, srv.url, key, deadline, t0) for i in range(args.chat_clients)]
+        chats = [_Chat(i, srv.url, key, deadline, t0) for i in range(opts.chat_clients)]
         for th in [*voices, *chats]:
             th.start()
             time.sleep(0.2)  # a staggered start, as callers arrive
@@ -257,7 +276,7 @@ def run_soak(args: argparse.Namespace, command: str) -> dict[str, Any]:
                 file=sys.stderr,
                 flush=True,
             )
-            time.sleep(args.sample_s)
+            time.sleep(opts.sample_s)
         for th in [*voices, *chats]:
             th.join(400)
         samples.append({"t": time.perf_counter() - t0, **scrape(http)})
@@ -265,7 +284,7 @@ def run_soak(args: argparse.Namespace, command: str) -> dict[str, Any]:
     finally:
         stop_server(srv)
     return summarize_soak(
-        args, command, questions, voices, chats, samples, health, load_avg_start=load_avg_start
+        opts, opts.command, questions, voices, chats, samples, health, load_avg_start=load_avg_start
     )
 
 
@@ -279,8 +298,16 @@ def _slope_per_min(samples: list[dict[str, float]], key: str) -> float:
 
 
 def summarize_soak(
-    args, command, questions, voices, chats, samples, health, load_avg_start: list[float] | None = None
+    opts: SoakOptions,
+    command: str,
+    questions: tuple[str, ...],
+    voices: list[Any],
+    chats: list[Any],
+    samples: list[dict[str, float]],
+    health: int,
+    load_avg_start: list[float] | None = None,
 ) -> dict[str, Any]:
+    """The figures of a run (``opts``: its settings; the sessions' and clients' records)."""
     turns = [t for v in voices for t in v.turns]
     errors = [e for v in voices for e in v.errors] + [e for c in chats for e in c.errors]
     crossed = 0
@@ -294,13 +321,13 @@ def summarize_soak(
             own = questions[t["session"]]
             t["own"] = questions[closest_question(t["transcript"], questions)] == own
             crossed += not t["own"]
-    warm_s = (args.warmup_minutes if args.warmup_minutes is not None else args.minutes / 5) * 60
+    warm_s = (opts.warmup_minutes if opts.warmup_minutes is not None else opts.minutes / 5) * 60
     after_warm = [s for s in samples if s["t"] >= warm_s] or samples[-1:]
     start, end = after_warm[0], samples[-1]
     windows = []
-    span = max(60.0, args.minutes * 60 / 10)
+    span = max(60.0, opts.minutes * 60 / 10)
     lat = [(t["t"], t["latency_s"]) for t in turns if t.get("latency_s") is not None]
-    for w0 in np.arange(0, args.minutes * 60, span):
+    for w0 in np.arange(0, opts.minutes * 60, span):
         xs = [x for t, x in lat if w0 <= t < w0 + span]
         if xs:
             windows.append(
@@ -334,11 +361,11 @@ def summarize_soak(
     header = {
         "machine": report.machine_info(load_avg_start),
         "command": command,
-        "models": f"{args.model} (llama.cpp), {args.asr_model} (draft {args.asr_draft}), Piper",
+        "models": f"{opts.model} (llama.cpp), {opts.asr_model} (draft {opts.asr_draft}), Piper",
         "settings": {
-            "sessions": args.sessions,
-            "chat_clients": args.chat_clients,
-            "minutes": args.minutes,
+            "sessions": opts.sessions,
+            "chat_clients": opts.chat_clients,
+            "minutes": opts.minutes,
             "warmup_s": warm_s,
         },
     }
@@ -415,23 +442,12 @@ def plot_soak(path: Path, result: dict[str, Any]) -> Path:
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
-    tag = f"soak-{args.tag or args.model}"
-    command = report.command_line(
-        [
-            "speclive",
-            "bench",
-            "soak",
-            "--sessions",
-            str(args.sessions),
-            "--chat-clients",
-            str(args.chat_clients),
-        ]
-        + ["--minutes", str(args.minutes), "--model", args.model, "--asr-model", args.asr_model]
-        + ["--asr-draft", args.asr_draft, "--tag", tag.removeprefix("soak-")]
-    )
-    result = run_soak(args, command)
+    opts = OPTIONS.build(args)
+    opts.tag = opts.tag or opts.model
+    opts.command = OPTIONS.command(["speclive", "bench", "soak"], opts)
+    result = run_soak(opts)
     for p in report.write_result_files(
-        result, args.out, tag, soak_markdown, None if args.no_plot else plot_soak
+        result, opts.out, f"soak-{opts.tag}", soak_markdown, plot_soak if opts.plot else None
     ):
         print(f"wrote {p}", file=sys.stderr)
     print(soak_markdown(result))
