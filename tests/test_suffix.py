@@ -254,9 +254,8 @@ def test_bench_refuses_a_datastore_holding_benchmark_answers(tmp_path):
     """A corpus answer to a benchmark question (also one asked inside a chat-slice prompt) is
     dropped by ``--exclude-bench``; a datastore that still holds one is refused before any
     model is loaded (retrieval would copy the answer and inflate the speedup)."""
-    from types import SimpleNamespace
-
     from speclive.bench.datasets import mtbench_questions
+    from speclive.bench.decode import DecodeOptions
     from speclive.bench.prompts import load_prompts
     from speclive.bench.talon import run_talon
     from speclive.cli import main
@@ -278,7 +277,7 @@ def test_bench_refuses_a_datastore_holding_benchmark_answers(tmp_path):
         assert main([*args, "-o", str(out), *extra]) == 0
         return str(out)
 
-    opts = SimpleNamespace(
+    opts = DecodeOptions(
         sets=["mtbench", "chat-heldout"],
         limit=limit,
         backends=["llamacpp"],
