@@ -117,7 +117,7 @@ def test_trimmed_draft_rows_follow_the_margin():
 def test_draft_margin_argument():
     import argparse
 
-    from speclive.cli.asr import parse_margin
+    from speclive.cli.flags import parse_margin
 
     assert parse_margin("none") is None and parse_margin("NONE") is None
     assert parse_margin("1.5") == 1.5 and parse_margin("0") == 0.0

@@ -7,6 +7,7 @@ import json
 import sys
 
 from speclive.asr.transcribe import METHODS
+from speclive.cli.flags import parse_margin
 
 
 def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,19 +36,6 @@ def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("file", help="audio file (WAV/FLAC/OGG; any rate, mono or stereo)")
     p.set_defaults(func=cmd_transcribe)
-
-
-def parse_margin(text: str) -> float | None:
-    """``--draft-margin`` value: seconds >= 0, or 'none' for the full window."""
-    if text.lower() == "none":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds or 'none', got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"the draft audio margin must be >= 0 seconds, got {text}")
-    return value
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speclive.cli.asr import parse_margin
-from speclive.cli.flags import OptionSet, option
+from speclive.cli.flags import OptionSet, option, parse_margin
 
 
 @dataclass

@@ -30,6 +30,19 @@ def csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def parse_margin(text: str) -> float | None:
+    """An audio margin option's value: seconds >= 0, or 'none' (no margin: the full window)."""
+    if text.lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'none', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"an audio margin must be >= 0 seconds, got {text}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Flag:
     """How one options field appears on the command line."""

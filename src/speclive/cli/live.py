@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from speclive.cli.flags import parse_margin
 from speclive.errors import ConfigError
 
 
@@ -32,7 +33,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--asr-draft", default="whisper-tiny.en", help="Whisper draft for SpecASR")
     p.add_argument(
         "--asr-margin",
-        default="1.0",
+        type=parse_margin,
+        default=1.0,
         help="seconds of audio context beyond the speech the "
         "target encodes ('none' = Whisper's full 30 s window)",
     )
@@ -85,18 +87,6 @@ def add_live_parser(sub: argparse._SubParsersAction) -> None:
     s = lsub.add_parser("transcribe", help="speech in, partial and final transcripts out")
     _common(s)
     s.set_defaults(func=cmd_live, kind="transcribe", no_tts=True, voice=None, out=None, baseline=None)
-
-
-def _margin(text: str) -> float | None:
-    if text.lower() == "none":
-        return None
-    try:
-        v = float(text)
-    except ValueError:
-        raise ConfigError(f"--asr-margin: expected seconds or 'none', got {text!r}") from None
-    if v < 0:
-        raise ConfigError(f"--asr-margin must be >= 0, got {v}")
-    return v
 
 
 def _line(ev: Any) -> str | None:
@@ -170,7 +160,7 @@ def cmd_live(args: argparse.Namespace) -> int:
             threads=args.threads,
             asr_model=args.asr_model,
             asr_draft=args.asr_draft,
-            asr_margin_s=_margin(args.asr_margin),
+            asr_margin_s=args.asr_margin,
             voice=None if args.no_tts else args.voice,
             need_llm=args.kind != "transcribe",
         )
