@@ -52,7 +52,7 @@ class CostCurveOptions:
 
     model: str = option(DEFAULT_MODEL, "--model", always=True)
     backend: str = option("llamacpp", "--backend", choices=BACKENDS, always=True)
-    device: str = option("cpu", "--device", help="torch device of the hf backend (cpu, cuda, ...)")
+    device: str = report.hf_device_option()
     ks: Sequence[int] = option(
         (1, 2, 4, 8, 16, 32), "--ks", parse=int, help="comma-separated k values", always=True
     )
@@ -62,8 +62,8 @@ class CostCurveOptions:
     prefix: int = option(
         256, "--prefix", parse=int, help="tokens in the cache before each extend", always=True
     )
-    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
-    plot: bool = option(True, "--no-plot", result=False)
+    out: Path = report.out_option()
+    plot: bool = report.plot_option()
     compare_stock_linear: bool = option(
         False,
         "--compare-stock-linear",

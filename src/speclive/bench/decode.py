@@ -91,7 +91,7 @@ class DecodeOptions:
         always=True,
     )
     #: torch device of the hf backend (llama.cpp runs on the CPU)
-    device: str = option("cpu", "--device", help="torch device of the hf backend (cpu, cuda, ...)")
+    device: str = report.hf_device_option()
     sets: Sequence[str] = option(SETS, "--sets", help=f"comma-separated: {','.join(SETS)}", always=True)
     limit: int | None = option(
         None, "--limit", parse=int, help="prompts per set (spread over the set)", always=True
@@ -105,7 +105,7 @@ class DecodeOptions:
         always=True,
     )
     max_draft: int | None = option(None, "--max-draft", parse=int, help="longest draft of our drafters")
-    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    out: Path = report.out_option()
     tag: str = option(
         "", "--tag", help="results name: <bench>-<tag>.* (default: target-backend)", always=True
     )
@@ -131,7 +131,7 @@ class DecodeOptions:
     gap_check: bool = option(True, "--no-gap-check", help="do not re-run AR to analyse divergences")
     warmup: bool = option(True, "--no-warmup")
     progress: bool = option(True, "--no-progress", result=False)
-    plot: bool = option(True, "--no-plot", result=False)
+    plot: bool = report.plot_option()
     #: also run every local method cold: a fresh process and drafter per prompt, without and
     #: (our drafters) with saved knowledge (``speclive.bench.coldrun``)
     cold: bool = option(
@@ -156,6 +156,10 @@ class DecodeOptions:
     #: per backend, the only methods run there (None: every method on every backend)
     backend_methods: Mapping[str, Sequence[str]] | None = None
     command: str = ""
+
+    def resolved_tag(self) -> str:
+        """The results name: ``tag``, else ``<target>-<backends>``."""
+        return self.tag or f"{self.target}-{'+'.join(self.backends)}"
 
 
 def _build_methods(
@@ -284,7 +288,7 @@ def run_decode_bench(
         load_avg_start = report.load_avg()
     if not opts.backends:
         raise ValueError("no backend to benchmark")
-    tag = opts.tag or f"{opts.target}-{'+'.join(opts.backends)}"
+    tag = opts.resolved_tag()
     targets = {
         b: load_backend(opts.target, b, device=opts.device if b == "hf" else "cpu") for b in opts.backends
     }

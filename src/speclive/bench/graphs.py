@@ -24,7 +24,7 @@ from typing import Any
 from speclive.bench.costcurve import curve_tokens
 from speclive.bench.datasets import chat_messages
 from speclive.bench.prompts import load_prompts
-from speclive.bench.report import _pyplot, markdown_preamble, md_table
+from speclive.bench.report import _pyplot, markdown_preamble, md_table, out_option, plot_option
 from speclive.cli.flags import option
 from speclive.loader import DEFAULT_MODEL
 
@@ -86,9 +86,9 @@ class GraphsOptions:
     limit: int = option(8, "--limit", parse=int, help="prompts (half MT-Bench, half code edits)", always=True)
     max_tokens: int = option(128, "--max-tokens", parse=int, always=True)
     repeats: int = option(7, "--repeats", parse=int, help="timed repeats per pass length", always=True)
-    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    out: Path = out_option()
     tag: str = option("", "--tag", help="results name: graphs-<tag>.* (default: model-device)", always=True)
-    plot: bool = option(True, "--no-plot", result=False)
+    plot: bool = plot_option()
 
 
 def run_graphs_bench(

@@ -77,9 +77,9 @@ class LiveBenchOptions:
     )
     asr_margin_s: float | None = 1.0
     seed: int = 0
-    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    out: Path = report.out_option()
     tag: str = option("", "--tag", help="results name: live-<pipeline>-<tag>.*", always=True)
-    plot: bool = option(True, "--no-plot", result=False)
+    plot: bool = report.plot_option()
     command: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -40,8 +40,7 @@ class PredGenBenchOptions:
 
     model: str = option(DEFAULT_MODEL, "--model", always=True)
     backend: str = option("llamacpp", "--backend", choices=BACKENDS, always=True)
-    #: torch device of the hf backend
-    device: str = option("cpu", "--device", help="torch device of the hf backend (cpu, cuda, ...)")
+    device: str = report.hf_device_option()
     methods: Sequence[str] = option(
         METHODS,
         "--methods",
@@ -64,9 +63,9 @@ class PredGenBenchOptions:
     )
     #: a greedy answer may differ from the baseline's first where AR's top-2 logit gap is below this
     near_tie: float = report.NEAR_TIE_GAP
-    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    out: Path = report.out_option()
     tag: str = option("", "--tag", help="results name: predgen-<tag>.* (default: model-backend)", always=True)
-    plot: bool = option(True, "--no-plot", result=False)
+    plot: bool = report.plot_option()
     command: str = ""
 
 

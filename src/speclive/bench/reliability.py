@@ -52,7 +52,7 @@ class FuzzOptions:
     )
     events: int = option(10_000, "--events", parse=int, help="generated realtime client events", always=True)
     seed: int = option(0, "--seed", parse=int, always=True)
-    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    out: Path = report.out_option()
     #: results stem fuzz-<tag> (the command sets the default: the model)
     tag: str | None = option(None, "--tag", help="results name: fuzz-<tag>.*", always=True)
     command: str = ""

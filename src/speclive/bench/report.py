@@ -24,6 +24,7 @@ from typing import Any
 
 # a divergence from AR at a reference top-2 logit gap below NEAR_TIE_GAP is a near-tie flip
 from speclive.backends.base import NEAR_TIE_GAP as NEAR_TIE_GAP
+from speclive.cli.flags import option
 from speclive.sysinfo import cpu_model
 
 
@@ -194,6 +195,25 @@ def markdown_preamble(title: str, header: Mapping[str, Any]) -> list[str]:
         lines += [f"> {warning}", ""]
     lines += [f"- {x}" for x in header_lines(header)]
     return lines + ["", "Reproduce with:", "", "```", header.get("command", ""), "```", ""]
+
+
+#: where a benchmark writes its results unless ``--out`` says otherwise
+RESULTS_DIR = Path("benchmarks/results")
+
+
+def out_option() -> Any:
+    """The ``--out`` field of a benchmark's options: the results folder (changes no result)."""
+    return option(RESULTS_DIR, "--out", parse=Path, result=False)
+
+
+def plot_option() -> Any:
+    """The ``plot`` field of a benchmark's options, turned off by ``--no-plot``."""
+    return option(True, "--no-plot", result=False)
+
+
+def hf_device_option() -> Any:
+    """The ``--device`` field of a benchmark whose transformers backend may run off the CPU."""
+    return option("cpu", "--device", help="torch device of the hf backend (cpu, cuda, ...)")
 
 
 def write_result_files(

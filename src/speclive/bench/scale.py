@@ -70,12 +70,12 @@ class ScaleBenchOptions:
     ssbd_max_tokens: int = option(64, "--ssbd-max-tokens", parse=int, always=True)
     cpm: float = option(900.0, "--cpm", parse=float, help="voice chat: user speaking rate", always=True)
     chat_max_tokens: int = option(64, "--chat-max-tokens", parse=int, always=True)
-    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    out: Path = report.out_option()
     #: results stem scale-<tag> (the command sets the default: the model)
     tag: str | None = option(
         None, "--tag", help="results name: scale-<tag>.* (default: the model)", always=True
     )
-    plot: bool = option(True, "--no-plot", result=False)
+    plot: bool = report.plot_option()
     command: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

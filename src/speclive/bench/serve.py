@@ -89,10 +89,10 @@ class ServeBenchOptions:
     max_sessions: int | None = option(
         None, "--max-sessions", parse=int, help="speclive's --max-sessions (default: clients)"
     )
-    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    out: Path = report.out_option()
     #: results stem serve-<tag> (the command sets the default: the model)
     tag: str | None = option(None, "--tag", help="results name: serve-<tag>.*", always=True)
-    plot: bool = option(True, "--no-plot", result=False)
+    plot: bool = report.plot_option()
     command: str = ""
 
 

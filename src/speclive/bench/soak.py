@@ -72,10 +72,10 @@ class SoakOptions:
     asr_draft: str = option("self:1", "--asr-draft", always=True)
     #: seconds between two readings of the server's metrics
     sample_s: float = option(10.0, "--sample-s", parse=float)
-    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    out: Path = report.out_option()
     #: results stem soak-<tag> (the command sets the default: the model)
     tag: str | None = option(None, "--tag", help="results name: soak-<tag>.*", always=True)
-    plot: bool = option(True, "--no-plot", result=False)
+    plot: bool = report.plot_option()
     command: str = ""
 
 

@@ -57,12 +57,12 @@ class SpeechLMBenchOptions:
     repeats: int = option(3, "--repeats", parse=int, always=True)
     threads: int = option(1, "--threads", parse=int, help="torch CPU threads", always=True)
     token_budget: int = 1024
-    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    out: Path = report.out_option()
     #: results stem speechlm-<tag> (default: the preset)
     tag: str | None = option(
         None, "--tag", help="results name: speechlm-<tag>.{json,md,png} (default: preset)", always=True
     )
-    plot: bool = option(True, "--no-plot", result=False)
+    plot: bool = report.plot_option()
     command: str = ""
 
 

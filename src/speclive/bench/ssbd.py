@@ -38,7 +38,7 @@ class RetranslateBenchOptions:
 
     model: str = option(DEFAULT_MODEL, "--model", always=True)
     backend: str = option("llamacpp", "--backend", choices=BACKENDS, always=True)
-    device: str = option("cpu", "--device", help="torch device of the hf backend (cpu, cuda, ...)")
+    device: str = report.hf_device_option()
     langs: Sequence[str] = option(("de", "zh", "ja"), "--langs", always=True)
     betas: Sequence[float] = option((0.0, 0.1, 0.2, 0.3, 0.4, 0.5), "--betas", parse=float, always=True)
     mask_ks: Sequence[int] = option((3, 5), "--mask-ks", parse=int, always=True)
@@ -46,11 +46,11 @@ class RetranslateBenchOptions:
     limit: int = option(12, "--limit", parse=int, help="source sentences per language", always=True)
     lag_k: int = option(3, "--lag-k", parse=int, always=True)
     max_tokens: int = option(160, "--max-tokens", parse=int, always=True)
-    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    out: Path = report.out_option()
     tag: str | None = option(
         None, "--tag", help="results name: retranslate-<tag>.* (default: model-backend)", always=True
     )
-    plot: bool = option(True, "--no-plot", result=False)
+    plot: bool = report.plot_option()
     command: str = ""
     configs: list[dict[str, Any]] = field(default_factory=list)
 

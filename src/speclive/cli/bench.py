@@ -22,11 +22,10 @@ from typing import Any
 
 from speclive.cli.flags import OptionSet
 
-DEFAULT_OUT = Path("benchmarks/results")
-
 
 def add_bench_parser(subparsers: Any) -> None:
     """Register ``speclive bench`` and its sub-commands on the top-level sub-parsers."""
+    from speclive.bench.report import RESULTS_DIR
 
     p = subparsers.add_parser("bench", help="benchmarks: cost curves, decode speed vs peers")
     sub = p.add_subparsers(dest="bench_command", required=True)
@@ -40,7 +39,7 @@ def add_bench_parser(subparsers: Any) -> None:
     d.set_defaults(func=cmd_decode)
 
     a = sub.add_parser("all-small", help="quick preset: SmolLM2 on llama.cpp, 2 prompts per set, 32 tokens")
-    a.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    a.add_argument("--out", type=Path, default=RESULTS_DIR)
     a.add_argument("--tag", default="all-small")
     a.set_defaults(func=cmd_all_small)
 
@@ -182,7 +181,7 @@ def _decode(options: OptionSet, opts: Any, words: list[str], run: Any) -> Any:
     """Resolve the default tag, write the reproducing command, run (bad settings: ConfigError)."""
     from speclive.errors import ConfigError
 
-    opts.tag = opts.tag or f"{opts.target}-{'+'.join(opts.backends)}"
+    opts.tag = opts.resolved_tag()
     opts.command = options.command(words, opts)
     try:
         return run(opts)
@@ -209,7 +208,7 @@ def run_decode_command(opts: Any) -> int:
     paths = write_decode_outputs(result, opts.out, opts.tag, plot=opts.plot)
     print(decode_markdown(result))
     for p in paths.values():
-        print(f"wrote {p}", file=sys.stderr)
+        _log(f"wrote {p}")
     return 1 if result["bugs"] else 0
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from speclive.bench import report
 from speclive.cli.flags import OptionSet, option, parse_margin
 
 
@@ -32,7 +33,7 @@ class AsrBenchOptions:
         "('none' = skip those rows)",
         always=True,
     )
-    out: Path = option(Path("benchmarks/results"), "--out", parse=Path, result=False)
+    out: Path = report.out_option()
     tag: str | None = option(None, "--tag", help="result file stem suffix (default: <model>)", always=True)
     threads: int | None = option(None, "--threads", parse=int, help="torch threads (default: all cores)")
     device: str = option("cpu", "--device", help="torch device of the Whisper models (cpu, cuda, cuda:1)")
@@ -46,7 +47,7 @@ class AsrBenchOptions:
         help="write the LibriVox and Piper clips there and stop (for a machine without Piper)",
         result=False,
     )
-    plot: bool = option(True, "--no-plot", result=False)
+    plot: bool = report.plot_option()
 
 
 OPTIONS = OptionSet(AsrBenchOptions)

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from speclive.cli.flags import csv
+
 
 def add_datastore_parser(subparsers: Any) -> None:
     from speclive.loader import BACKENDS, DEFAULT_MODEL
@@ -143,7 +145,7 @@ def cmd_outputs(args: argparse.Namespace) -> int:
     target = load_backend(args.model, args.backend)
     drafter = make_drafter("ngram", target)
     dec = SpeculativeDecoder(target, drafter)
-    sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    sets = csv(args.sets)
     rows = held_out_prompts(sets, args.per_set, args.bench_limit)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
