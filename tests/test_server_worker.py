@@ -175,3 +175,21 @@ def test_batched_requests_of_queued_streams_run_as_one_call():
     assert got == ([10, 20, 30], [40, "bad -5"], ["p0", "p1"], [60])
     # one run per round for every stream waiting on one (a stream without requests just steps)
     assert calls == [[1, 4, 6], [2, -5], [3]]
+
+
+def test_whisper_shares_the_chat_worker_with_a_local_llm():
+    """torch and llama.cpp use one OpenMP runtime: a second thread with a Whisper pool makes
+    libgomp stop busy-waiting at llama.cpp's barriers (services module docstring)."""
+    from speclive.server.config import ServerConfig
+    from speclive.server.services import Services
+
+    local = Services(ServerConfig(model="toy-model"))
+    remote = Services(ServerConfig(model="toy-model", engine="vllm", vllm_urls=("http://127.0.0.1:9",)))
+    try:
+        assert local.worker("transcription") is local.worker("chat")
+        assert local.worker("speech") is not local.worker("chat")  # Piper: onnxruntime's own pool
+        assert remote.worker("transcription") is not remote.worker("chat")  # a remote LLM waits on I/O
+        assert {t.name for t in threading.enumerate()} >= {"speclive-chat", "speclive-speech"}
+    finally:
+        local.close()
+        remote.close()

@@ -19,6 +19,7 @@ Segments are at most 30 s (Whisper's window); a segment whose peak level is belo
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -245,6 +246,19 @@ class Transcriber:
         streaming pass: for a single segment they are the draft, verified greedily (the
         transcript is the same as without the hint; only the number of passes changes).
         """
+        steps = self.transcribe_steps(audio, loop_fallback, hint)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def transcribe_steps(
+        self, audio: np.ndarray, loop_fallback: bool = True, hint: list[int] | None = None
+    ) -> Generator[None, None, Transcript]:
+        """``transcribe`` one segment (up to ``max_segment_s``) at a time: yields after each
+        decoded segment and returns the ``Transcript``, so a caller can interleave other work
+        between the segments of a long file."""
         audio = np.asarray(audio, dtype=np.float32)
         if audio.ndim != 1:
             raise ConfigError(f"transcribe() expects mono audio, got shape {audio.shape}")
@@ -260,6 +274,7 @@ class Transcriber:
             ids, text = self._decode_segment(chunk, stats, loop_fallback, hint)
             if text.strip():
                 segments.append(SegmentResult(seg.start_s, seg.end_s, text.strip(), ids))
+            yield
         return Transcript(" ".join(s.text for s in segments), segments, stats)
 
     def _decode_segment(

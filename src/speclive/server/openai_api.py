@@ -276,10 +276,18 @@ async def transcriptions(
             svc.worker("transcription"), lambda: engine.stream(audio, step_s), session
         )
         return EventStream(_transcript_events(svc, partials, session, first, duration))
+    # one segment per turn of the worker, which the chat completions share
+    steps = svc.worker("transcription").stream(lambda: engine.transcribe_steps(audio))
+    transcript = None
     try:
-        transcript = await svc.worker("transcription").call(engine.transcribe, audio)
+        async for item in steps:
+            if item is not None:
+                transcript = item
     finally:
+        steps.cancel()
         session.release()
+    if transcript is None:  # the stream ends with its transcript; a failure raised above
+        raise RuntimeError("the transcription ended without a transcript")
     svc.metrics.audio_in.inc(duration)
     if response_format == "text":
         return PlainTextResponse(transcript.text + "\n")

@@ -1,9 +1,19 @@
 """What one app serves: the three engines (chat, transcription, speech), their workers, the
 session limiter, the model names and the metrics.
 
-An engine is loaded on first use (or at startup with ``ServerConfig.preload``) on its own worker
+An engine is loaded on first use (or at startup with ``ServerConfig.preload``) on its worker
 thread, so a load never blocks the event loop; tests hand in engines already loaded. A failed
 load answers 503 ``model_unavailable`` (and is logged) and is retried on the next request.
+
+Whisper (torch) and a local LLM (llama.cpp's CPU backend, or torch) share one worker thread.
+Both parallelize with the same OpenMP runtime (GNU libgomp; torch ships it and llama.cpp's
+library binds to the copy already loaded), which keeps a pool of team threads for every thread
+that ever opened a parallel region, for as long as that thread lives. Once the pools hold more
+threads than the machine has CPUs, libgomp cuts its busy-wait at every barrier from about
+300,000 spins to 100 and its threads sleep in the kernel instead: a Whisper pool on a second
+worker made every llama.cpp token about 30 % slower on two cores, whether or not Whisper was
+running. One thread for both keeps one pool. Piper (onnxruntime, its own thread pool) keeps its
+worker; so does Whisper beside a remote (vLLM) LLM, whose worker waits on the network.
 """
 
 from __future__ import annotations
@@ -55,11 +65,19 @@ class Services:
             chat.on_batch = self.metrics.batch.observe
 
     # ---- workers ------------------------------------------------------------------------
+    def worker_name(self, kind: str) -> str:
+        """The worker that runs ``kind``'s engine: Whisper runs on the chat worker when the LLM
+        is in-process (one OpenMP thread pool, module docstring)."""
+        if kind == "transcription" and self.config.engine == "local":
+            return "chat"
+        return kind
+
     def worker(self, kind: str) -> ModelWorker:
-        w = self._workers.get(kind)
+        name = self.worker_name(kind)
+        w = self._workers.get(name)
         if w is None:
-            w = self._workers[kind] = ModelWorker(kind)
-            self.metrics.watch_queue(kind, lambda w=w: w.pending)
+            w = self._workers[name] = ModelWorker(name)
+            self.metrics.watch_queue(name, lambda w=w: w.pending)
         return w
 
     # ---- engines ------------------------------------------------------------------------

@@ -40,6 +40,18 @@ class SpeechToText:
     def transcribe(self, audio: np.ndarray) -> Transcript:
         return self.transcriber.transcribe(audio)
 
+    def transcribe_steps(self, audio: np.ndarray) -> Iterator[Transcript | None]:
+        """``transcribe`` as a worker stream: ``None`` after each segment (up to 30 s of audio),
+        then the ``Transcript``; a long file takes turns with the chat completions."""
+        steps = self.transcriber.transcribe_steps(audio)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                yield done.value
+                return
+            yield None
+
     def stream(self, audio: np.ndarray, step_s: float = 1.0) -> Iterator[Partial]:
         """Partials as if ``audio`` arrived live in ``step_s`` chunks (one pass per item)."""
         return stream_file(audio, transcriber_recognizer(self.transcriber), StreamConfig(step_s=step_s))
