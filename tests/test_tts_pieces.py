@@ -64,3 +64,16 @@ def test_piper_synthesizes_a_long_sentence_in_bounded_runs(monkeypatch):
     assert audio.duration_s > 2.0
     faster = tts.synthesize("Hello there.", speed=2.0)
     assert 0 < faster.duration_s < tts.synthesize("Hello there.").duration_s
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_piper_threads_sleep_after_a_run(threads):
+    """Piper runs between the LLM's steps on the same cores: its intra-op threads must not
+    keep spinning after a synthesis (onnxruntime's default)."""
+    pytest.importorskip("piper")
+    from speclive.tts.piper import PiperTTS
+
+    session = PiperTTS("piper-joe-medium", threads=threads).voice.session
+    options = session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.intra_op_num_threads == (threads or 0)  # 0: onnxruntime's default

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,14 +41,7 @@ class PiperTTS:
         # onnxruntime's CPU arena grows by powers of two to the largest input seen and never
         # gives memory back: inputs are bounded (``MAX_RUN_CHARS``) and ``reserve()`` sizes it
         # once (without the arena synthesis is about a quarter slower, docs/server.md)
-        if threads is not None:  # onnxruntime sessions take their thread count at creation
-            import onnxruntime as ort
-
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = int(threads)
-            self.voice.session = ort.InferenceSession(
-                str(path), sess_options=so, providers=["CPUExecutionProvider"]
-            )
+        self.voice.session = _session(path, threads)
         self.sample_rate = int(self.voice.config.sample_rate)
         self.name = f"piper:{path.stem}"
 
@@ -77,3 +71,18 @@ class PiperTTS:
         words = (RESERVE_TEXT + " ") * (MAX_RUN_CHARS // len(RESERVE_TEXT) + 1)
         text = words[: words.rfind(" ", 0, MAX_RUN_CHARS)] + "."
         return self.synthesize(text).synth_s
+
+
+def _session(path: Path, threads: int | None) -> Any:
+    """Piper's onnxruntime session: ``threads`` intra-op threads (onnxruntime's default: one per
+    core) that sleep as soon as a run ends. By default they keep spinning for a while after each
+    run, and Piper runs between the LLM's and Whisper's steps on the same cores: a llama.cpp
+    step right after a synthesis took a quarter longer on two cores, and synthesis itself was
+    no faster for the spinning (docs/live.md)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if threads is not None:
+        so.intra_op_num_threads = int(threads)
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
