@@ -7,7 +7,7 @@ streaming transcription one pass (``asr.streaming``: 1 s steps, LocalAgreement-2
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import numpy as np
 
@@ -40,17 +40,11 @@ class SpeechToText:
     def transcribe(self, audio: np.ndarray) -> Transcript:
         return self.transcriber.transcribe(audio)
 
-    def transcribe_steps(self, audio: np.ndarray) -> Iterator[Transcript | None]:
+    def transcribe_steps(self, audio: np.ndarray) -> Generator[Transcript | None, None, None]:
         """``transcribe`` as a worker stream: ``None`` after each segment (up to 30 s of audio),
         then the ``Transcript``; a long file takes turns with the chat completions."""
-        steps = self.transcriber.transcribe_steps(audio)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                yield done.value
-                return
-            yield None
+        transcript = yield from self.transcriber.transcribe_steps(audio)
+        yield transcript
 
     def stream(self, audio: np.ndarray, step_s: float = 1.0) -> Iterator[Partial]:
         """Partials as if ``audio`` arrived live in ``step_s`` chunks (one pass per item)."""
