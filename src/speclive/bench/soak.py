@@ -256,7 +256,8 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
     cmd += ["--asr-model", opts.asr_model, "--asr-draft", opts.asr_draft, "--api-key", key]
     cmd += ["--max-sessions", str(opts.sessions + opts.chat_clients + 1), "--log-level", "warning"]
     opts.out.mkdir(parents=True, exist_ok=True)
-    srv = start_server("speclive-soak", cmd, port, opts.out, timeout=900, ready="/health")
+    # the server's log sits beside the result files of its run: soak-<tag>.log
+    srv = start_server(f"soak-{opts.tag or opts.model}", cmd, port, opts.out, timeout=900, ready="/health")
     samples: list[dict[str, float]] = []
     try:
         http = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
