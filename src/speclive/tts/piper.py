@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ class PiperTTS:
 
     def __init__(self, voice: str = "piper-joe-medium", threads: int | None = None):
         try:
-            from piper import PiperVoice
+            from piper import PiperConfig, PiperVoice
         except ImportError as e:  # pragma: no cover - depends on the install
             raise BackendUnavailableError(
                 f"piper-tts is not installed ({e}); `pip install piper-tts==1.8.0` or use --no-tts"
@@ -37,11 +38,14 @@ class PiperTTS:
                 raise ConfigError(f"{voice!r} is a {spec.kind}, not a Piper voice")
             install(voice, progress=False)
             path = installed_path(voice)
-        self.voice = PiperVoice.load(str(path))
+        # ``PiperVoice.load`` builds its own session, which has neither our thread count nor our
+        # spinning setting: the voice is assembled here instead, so the model loads once. Its
+        # config sits beside the model, as Piper expects (``<voice>.onnx.json``).
         # onnxruntime's CPU arena grows by powers of two to the largest input seen and never
         # gives memory back: inputs are bounded (``MAX_RUN_CHARS``) and ``reserve()`` sizes it
         # once (without the arena synthesis is about a quarter slower, docs/server.md)
-        self.voice.session = _session(path, threads)
+        config = json.loads(Path(f"{path}.json").read_text(encoding="utf-8"))
+        self.voice = PiperVoice(config=PiperConfig.from_dict(config), session=_session(path, threads))
         self.sample_rate = int(self.voice.config.sample_rate)
         self.name = f"piper:{path.stem}"
 
