@@ -529,10 +529,61 @@ def test_states_share_the_context_cells(small: LlamaCppBackend, prefix: list[int
     with pytest.raises(ContextOverflowError, match="shared by all its states"):
         small.extend(b, fill[::-1])  # fails in its second chunk: the first one is taken out again
     assert b.tokens == [] and small.cache_len(b) == 0
-    assert small.cache_len(a) == n
+    assert small.cache_len(a) == n and not a.evicted and small.cell_evictions == 0
     small.release(a)
     small.extend(b, fill[::-1])  # fits once a is gone
     small.release(b)
+
+
+def _restoring(gguf: Path, tok: Tokenizer) -> LlamaCppBackend:
+    """Three states on 256 KV cells, evicted states restored on use (as in the server)."""
+    kw = dict(n_ctx=256, n_batch=64, max_states=3, max_tree_branches=2)
+    return LlamaCppBackend(gguf, tok, n_threads=THREADS, restore_evicted=True, **kw)
+
+
+def test_a_cell_shortage_evicts_the_least_recent_state_when_restoring(
+    gguf: Path, tok: Tokenizer, prefix: list[int]
+) -> None:
+    """With ``restore_evicted`` (the server), states that fit alone but not together do not
+    fail: the least recently used other state gives its cells up and is prefilled again when
+    its owner next uses it, with the logits of a fresh evaluation."""
+    with _restoring(gguf, tok) as be:
+        assert be.n_cells == 256
+        fill = (prefix * 20)[:150]
+        a, b, c = be.new_state(), be.new_state(), be.new_state()
+        be.extend(a, fill)
+        be.extend(c, prefix[:8])
+        # 150 + 8 + 150 cells do not fit: a, the least recently used, gives way (b's decode
+        # fails in a later chunk, its earlier chunks are taken out and it runs again)
+        be.extend(b, fill[::-1])
+        assert a.evicted and a.seq < 0 and be.cell_evictions == 1
+        assert not c.evicted and be.cache_len(c) == 8 and be.cache_len(b) == 150
+        got = be.extend(a, [7])  # restored: c, then b (least recent first) give way
+        assert not a.evicted and be.restores == 1 and be.cache_len(a) == 151
+        assert c.evicted and b.evicted and be.cell_evictions == 3
+        assert_close(got, be.extend(be.new_state(), fill + [7])[-1:], "restored after a cell shortage")
+
+
+def test_a_batch_under_a_cell_shortage_evicts_none_of_its_own(
+    gguf: Path, tok: Tokenizer, prefix: list[int]
+) -> None:
+    """``extend_many``: the states of one batch are never evicted for each other; a state
+    outside the batch gives way, even when it was used more recently than theirs."""
+    with _restoring(gguf, tok) as be:
+        assert be.n_cells == 256
+        body = (prefix * 20)[:200]
+        a, b, c = be.new_state(), be.new_state(), be.new_state()
+        be.extend(a, body[:60])
+        be.extend(b, body[60:120])
+        be.extend(c, body[:120])  # the most recent, and only 16 cells are left free
+        calls = be.forward_calls
+        out = be.extend_many([(a, body[120:140], None), (b, body[140:160], None)])
+        assert all(isinstance(x, np.ndarray) for x in out)
+        assert be.forward_calls == calls + 1, "the two passes ran as one batch"
+        assert c.evicted and not a.evicted and not b.evicted and be.cell_evictions == 1
+        assert be.cache_len(a) == 80 and be.cache_len(b) == 80
+        be.release(b)
+        assert_close(out[0], be.extend(be.new_state(), body[:60] + body[120:140])[60:], "a in the batch")
 
 
 def test_reserve_kv_refuses_to_clear_a_cache_in_use(gguf: Path, tok: Tokenizer, prefix: list[int]) -> None:

@@ -405,9 +405,14 @@ def test_metrics(srv):
         "speclive_request_seconds_bucket",
         "speclive_time_to_first_token_seconds_count",
         "speclive_live_sessions",
+        "speclive_kv_cell_evictions_total",
+        "speclive_kv_restores_total",
     ):
         assert name in text
     assert _metric(srv.http, "speclive_generated_tokens_total") > 0
+    # the llama.cpp backend's own counts, read at the scrape
+    assert _metric(srv.http, "speclive_kv_cell_evictions_total") == srv.backend.cell_evictions
+    assert _metric(srv.http, "speclive_kv_restores_total") == srv.backend.restores
 
 
 # ---- a scripted engine: full server, errors, disconnects ------------------------------------------

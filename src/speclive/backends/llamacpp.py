@@ -25,7 +25,9 @@ later use raises ``RuntimeError`` until it is reset with ``truncate(state, 0)`` 
 With ``max_states=1`` every new state thus replaces the previous one (plain sequential use).
 States that are garbage collected give their home back automatically. All states share the
 KV cells of the context (``n_cells``, at least ``n_ctx``); running out raises
-``ContextOverflowError``. A backend is not thread-safe: use it from one thread at a time.
+``ContextOverflowError``, except with ``restore_evicted``: then the least recently used other
+states are evicted until the new tokens fit (a server's idle conversations give way to the
+active ones). A backend is not thread-safe: use it from one thread at a time.
 
 Numerics: logits of a k-token batch differ from one-token steps by up to ~0.7 (quantized
 kernels depend on the batch shape), so llama.cpp is *close to*, not bit-identical with, a fresh
@@ -132,6 +134,8 @@ class LlamaCppBackend(Backend):
         #: one backend, as the server has
         self.restore_evicted = restore_evicted
         self.restores = 0
+        #: states evicted because the KV cells ran out (only with ``restore_evicted``)
+        self.cell_evictions = 0
         lib = _lib()
         self._lib = lib
         self._model: Any = None
@@ -321,7 +325,14 @@ class LlamaCppBackend(Backend):
                 tokens = list(st.tokens)
                 self._acquire(st)
                 if tokens:
-                    self._run(tokens, np.arange(len(tokens), dtype=np.int32), None, st.seq, [st.seq], True)
+                    try:
+                        pos = np.arange(len(tokens), dtype=np.int32)
+                        self._run(tokens, pos, None, st.seq, [st.seq], True)
+                    except BaseException:
+                        self._clear_seqs(st.seq)  # still evicted: its tokens are not in the cache
+                        self._free_home(st)
+                        st.evicted = True
+                        raise
                 self.restores += 1
                 return st
             if st.evicted:
@@ -511,7 +522,8 @@ class LlamaCppBackend(Backend):
                 tags += t
                 tokens += toks
             # one chunk (at most n_batch tokens): a failed decode leaves nothing in the cache
-            out = self._run(tokens, np.concatenate(pos_parts), tags, -1, [])
+            homes = [st.seq for _, st, _, _ in checked]
+            out = self._run(tokens, np.concatenate(pos_parts), tags, -1, [], protect=homes)
         except BaseException:
             for branches, _ in made:
                 self._drop_branches(branches)
@@ -535,11 +547,50 @@ class LlamaCppBackend(Backend):
         home: int,
         touched: list[int],
         last_only: bool = False,
+        protect: Collection[int] = (),
     ) -> np.ndarray:
         """Decode ``tokens`` (chunks of ``n_batch``) and return a copy of their logits.
 
-        With ``last_only`` llama.cpp computes (and we copy) only the last token's row.
+        With ``last_only`` llama.cpp computes (and we copy) only the last token's row. When the
+        KV cells run out and ``restore_evicted`` is on, the least recently used other state (not
+        ``home`` nor a home in ``protect``) is evicted and the decode tried again, until it fits
+        or no state is left to evict: its owner prefills it again on its next use.
         """
+        keep = {home, *protect}
+        while True:
+            try:
+                return self._decode_chunks(tokens, pos, tags, home, touched, last_only)
+            except ContextOverflowError:
+                if not (self.restore_evicted and self._evict_for_cells(keep)):
+                    raise
+
+    def _evict_for_cells(self, keep: Collection[int]) -> bool:
+        """Evict the least recently used state that holds cells, is not mid-tree and whose home
+        is not in ``keep``; False when there is none."""
+        live = [
+            (st.last_use, h, st)
+            for h, ref in self._owners.items()
+            if h not in keep and (st := ref()) is not None and st.tokens and st.pending is None
+        ]
+        if not live:
+            return False
+        _, home, victim = min(live, key=lambda x: (x[0], x[1]))
+        self._clear_seqs(home)
+        self._free_home(victim)
+        victim.evicted = True
+        self.cell_evictions += 1
+        return True
+
+    def _decode_chunks(
+        self,
+        tokens: list[int],
+        pos: np.ndarray,
+        tags: list[list[int]] | None,
+        home: int,
+        touched: list[int],
+        last_only: bool,
+    ) -> np.ndarray:
+        """``_run``'s one try: a failed chunk takes the earlier ones out of the cache again."""
         n = len(tokens)
         nb = self.n_batch
         batch = self._batch

@@ -10,7 +10,8 @@ leak (the reliability benchmarks read them before and after).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -21,6 +22,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
@@ -90,8 +92,32 @@ class Metrics:
         """Count ``loop``'s tasks at each scrape."""
         self.tasks.set_function(lambda: len(asyncio.all_tasks(loop)))
 
+    def watch_kv(self, backend: Any) -> None:
+        """Count ``backend``'s KV-cache evictions and restores at each scrape (llama.cpp:
+        conversations that gave their cells to busier ones, and were prefilled again)."""
+        self.registry.register(_KVCollector(backend))
+
     def watch_queue(self, worker: str, pending: Callable[[], int]) -> None:
         self.queue.labels(worker=worker).set_function(pending)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _KVCollector:
+    """The backend's own eviction and restore counts, read when ``/metrics`` is scraped."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "speclive_kv_cell_evictions",
+            "Conversations evicted from the KV cache because its cells ran out",
+            value=self.backend.cell_evictions,
+        )
+        yield CounterMetricFamily(
+            "speclive_kv_restores",
+            "Evicted conversations prefilled again on their next turn",
+            value=self.backend.restores,
+        )

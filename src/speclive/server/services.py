@@ -63,6 +63,9 @@ class Services:
         """The chat engine reports its batched verifications to the metrics."""
         if hasattr(chat, "on_batch"):
             chat.on_batch = self.metrics.batch.observe
+        backend = getattr(chat, "backend", None)
+        if backend is not None and hasattr(backend, "cell_evictions"):
+            self.metrics.watch_kv(backend)
 
     # ---- workers ------------------------------------------------------------------------
     def worker_name(self, kind: str) -> str:
