@@ -30,7 +30,7 @@ def test_summary_counts_errors_crossed_transcripts_and_growth():
     samples = [
         {"t": 0.0, "rss_bytes": 100 * 2**20, "open_fds": 10},
         {"t": 30.0, "rss_bytes": 200 * 2**20, "open_fds": 12},
-        {"t": 60.0, "rss_bytes": 210 * 2**20, "open_fds": 12},
+        {"t": 60.0, "rss_bytes": 210 * 2**20, "open_fds": 12, "kv_cell_evictions": 3.0, "kv_restores": 4.0},
     ]
     args = SimpleNamespace(
         sessions=2, chat_clients=1, minutes=1.0, warmup_minutes=0.5, model="m", asr_model="a", asr_draft="d"
@@ -43,6 +43,7 @@ def test_summary_counts_errors_crossed_transcripts_and_growth():
     assert s["turns"] == 5 and s["turns_answered"] == 3 and s["chat_requests"] == 7
     assert abs(s["rss_growth_pct"] - 5.0) < 1e-9  # from the first sample after the warm-up
     assert s["latency_p50_s"] == 2.0
+    assert s["kv_cell_evictions"] == 3.0 and s["kv_restores"] == 4.0  # the server's counts at the end
 
 
 def test_summary_rss_trend_is_the_least_squares_slope_after_warmup():

@@ -100,13 +100,15 @@ class RealtimeFuzzReport:
 
 
 def scrape(http: httpx.Client) -> dict[str, float]:
-    """The leak-relevant gauges of ``/metrics``."""
+    """The leak-relevant gauges of ``/metrics`` (and the KV cache's evictions and restores)."""
     want = {
         "speclive_live_sessions": "sessions",
         "speclive_asyncio_tasks": "tasks",
         "process_resident_memory_bytes": "rss_bytes",
         "process_open_fds": "open_fds",
         "speclive_memory_trimmed_bytes_total": "trimmed_bytes",
+        "speclive_kv_cell_evictions_total": "kv_cell_evictions",
+        "speclive_kv_restores_total": "kv_restores",
     }
     out: dict[str, float] = {}
     for line in http.get("/metrics").text.splitlines():

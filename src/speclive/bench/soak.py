@@ -358,6 +358,8 @@ def summarize_soak(
         "latency_p50_s": float(np.percentile(all_lat, 50)) if all_lat else None,
         "latency_p99_s": float(np.percentile(all_lat, 99)) if all_lat else None,
         "health_at_end": health,
+        "kv_cell_evictions": end.get("kv_cell_evictions"),
+        "kv_restores": end.get("kv_restores"),
     }
     header = {
         "machine": report.machine_info(load_avg_start),
@@ -399,6 +401,8 @@ def soak_markdown(result: dict[str, Any]) -> str:
         f"| open fds after warm-up → end | {s['open_fds_after_warmup']} → {s['open_fds_end']} |",
         f"| voice-to-voice p50 / p99 (s) | {p50} / {p99} |",
         f"| /health at the end | {s['health_at_end']} |",
+        f"| KV evictions for want of cells / restores | {s.get('kv_cell_evictions', '–')} / "
+        f"{s.get('kv_restores', '–')} |",
         "",
         "Latency over time:",
         "",
