@@ -179,14 +179,14 @@ def _wer(ref: str, hyp: str) -> float:
 
 
 # ---- statistics ---------------------------------------------------------------------------
-def _boot(values: Sequence[float], stat: Callable[[np.ndarray], float], n: int = 2000, seed: int = 0):
+def _boot(values: Sequence[float], q: float, n: int = 2000, seed: int = 0):
+    """The q-th percentile of ``values`` with its 95 % bootstrap interval."""
     v = np.asarray(values, float)
     if v.size == 0:
         return None, None, None
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, v.size, size=(n, v.size))
-    sims = np.array([stat(v[i]) for i in idx])
-    return float(stat(v)), float(np.percentile(sims, 2.5)), float(np.percentile(sims, 97.5))
+    idx = np.random.default_rng(seed).integers(0, v.size, size=(n, v.size))
+    sims = np.percentile(v[idx], q, axis=1)
+    return float(np.percentile(v, q)), float(np.percentile(sims, 2.5)), float(np.percentile(sims, 97.5))
 
 
 def _paired_ratio(base: Sequence[float], new: Sequence[float], q: float = 50, n: int = 2000, seed: int = 0):
@@ -194,9 +194,8 @@ def _paired_ratio(base: Sequence[float], new: Sequence[float], q: float = 50, n:
     b, m = np.asarray(base, float), np.asarray(new, float)
     if b.size == 0:
         return None, None, None
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, b.size, size=(n, b.size))
-    sims = np.array([np.percentile(b[i], q) / np.percentile(m[i], q) for i in idx])
+    idx = np.random.default_rng(seed).integers(0, b.size, size=(n, b.size))
+    sims = np.percentile(b[idx], q, axis=1) / np.percentile(m[idx], q, axis=1)
     return (
         float(np.percentile(b, q) / np.percentile(m, q)),
         float(np.percentile(sims, 2.5)),
@@ -408,8 +407,8 @@ def summarize_chat(records: list[dict[str, Any]], methods: Sequence[str]) -> lis
     for m in methods:
         rs = [r for r in records if r["method"] == m]
         vals = [lat[m][k] for k in full]
-        med = _boot(vals, np.median)
-        p90 = _boot(vals, lambda a: float(np.percentile(a, 90)))
+        med = _boot(vals, 50)
+        p90 = _boot(vals, 90)
         row: dict[str, Any] = {
             "method": m,
             "samples": len(vals),
@@ -431,11 +430,16 @@ def summarize_chat(records: list[dict[str, Any]], methods: Sequence[str]) -> lis
             "llm_s": statistics.fmean([r["llm_s"] for r in rs if "llm_s" in r] or [0.0]),
             "asr_s": statistics.fmean([r["asr_s"] for r in rs if "asr_s" in r] or [0.0]),
         }
+        # no answer plays before the end of turn is detected: a method's own end-of-turn delay
+        # is the least latency it could have, so baseline / that delay bounds its ratio
+        eot = {(r["id"], r["voice"]): r["eot_delay_s"] for r in ok if r["method"] == m and "eot_delay_s" in r}
         for b in BASELINES:
             if b in lat and b != m:
                 base_vals = [lat[b][k] for k in full]
                 row[f"vs_{b}_median"] = _paired_ratio(base_vals, vals, 50)
                 row[f"vs_{b}_p90"] = _paired_ratio(base_vals, vals, 90)
+                if m not in BASELINES and all(k in eot for k in full):
+                    row[f"ceiling_vs_{b}_median"] = _paired_ratio(base_vals, [eot[k] for k in full], 50)
         rows.append(row)
     return rows
 
@@ -483,6 +487,21 @@ def chat_markdown(result: dict[str, Any]) -> str:
             f"| {r['method']} | {_ci(r.get('vs_cascade_median'))} | {_ci(r.get('vs_cascade_p90'))} | "
             f"{_ci(r.get('vs_prefill_median'))} | {_ci(r.get('vs_preemptive_median'))} |"
         )
+    ceilings = [r for r in result["summary"] if r.get("ceiling_vs_cascade_median")]
+    if ceilings:
+        lines += [
+            "",
+            "The most each ratio could be: the baseline's latency over the method's own end-of-turn "
+            "delay (its first audio playing the moment the end of turn is detected), paired:",
+            "",
+            "| method | ceiling vs cascade (median) | vs prefill (median) | vs preemptive (median) |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['method']} | {_ci(r.get('ceiling_vs_cascade_median'))} | "
+            f"{_ci(r.get('ceiling_vs_prefill_median'))} | {_ci(r.get('ceiling_vs_preemptive_median'))} |"
+            for r in ceilings
+        ]
     return "\n".join(lines)
 
 
@@ -658,8 +677,8 @@ def summarize_translate(records: list[dict[str, Any]], opts: LiveBenchOptions) -
     for m in methods:
         rs = [r for r in records if r["method"] == m]
         pooled = [x for r in rs for x in r["display_latencies"]]
-        med = _boot(pooled, np.median) if pooled else (None, None, None)
-        p90 = _boot(pooled, lambda a: float(np.percentile(a, 90))) if pooled else (None, None, None)
+        med = _boot(pooled, 50) if pooled else (None, None, None)
+        p90 = _boot(pooled, 90) if pooled else (None, None, None)
         hyps = [by[(m, *k)]["translation"] for k in keys if k in ref and (m, *k) in by]
         refs = [ref[k] for k in keys if k in ref and (m, *k) in by]
         q = _quality(hyps, refs, opts.target_lang) if hyps else {"chrf": None, "bleu": None}

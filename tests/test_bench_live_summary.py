@@ -1,0 +1,56 @@
+"""``bench live``'s voice-chat summary on made-up records (the benchmark itself runs minutes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from speclive.bench.live import BASELINES, chat_markdown, summarize_chat
+
+METHODS = ("predgen", *BASELINES)
+#: latency per method (seconds) on every sample; predgen's end-of-turn delay is 0.5 s
+LATENCY = {"predgen": 0.8, "cascade": 2.0, "prefill": 1.2, "preemptive": 1.0}
+
+
+def _records(n: int = 6) -> list[dict]:
+    out = []
+    for i in range(n):
+        for m in METHODS:
+            eot = 0.5 if m == "predgen" else 0.45
+            out.append(
+                {
+                    "id": i,
+                    "voice": "piper",
+                    "method": m,
+                    "latency_s": LATENCY[m] + 0.01 * i,
+                    "eot_delay_s": eot,
+                    "audio_ready_at_eot": m == "predgen" and i % 2 == 0,
+                    "max_lag_s": 0.1,
+                    "wer": 0.0,
+                }
+            )
+    return out
+
+
+def test_ratios_and_their_ceilings_are_paired_over_the_samples():
+    rows = {r["method"]: r for r in summarize_chat(_records(), METHODS)}
+    pg = rows["predgen"]
+    assert pg["ready_at_eot"] == 0.5
+    # ratio = baseline median / predgen median (the medians of 0.8..0.85 and 2.0..2.05)
+    assert pg["vs_cascade_median"][0] == pytest.approx(2.025 / 0.825)
+    # ceiling = baseline median / predgen's own end-of-turn delay (0.5 s on every sample)
+    assert pg["ceiling_vs_cascade_median"][0] == pytest.approx(2.025 / 0.5)
+    assert pg["ceiling_vs_prefill_median"][0] == pytest.approx(1.225 / 0.5)
+    assert pg["ceiling_vs_preemptive_median"][0] == pytest.approx(1.025 / 0.5)
+    # a ratio never exceeds its ceiling, since no answer plays before the end of turn
+    for b in BASELINES:
+        assert pg[f"vs_{b}_median"][0] <= pg[f"ceiling_vs_{b}_median"][0]
+    # the baselines get ratios against each other, but no ceiling
+    assert "vs_cascade_median" in rows["prefill"] and "ceiling_vs_cascade_median" not in rows["prefill"]
+
+
+def test_the_markdown_shows_the_ceilings():
+    summary = summarize_chat(_records(), METHODS)
+    result = {"header": {"command": "speclive bench live ..."}, "summary": summary}
+    md = chat_markdown(result)
+    assert "| predgen | 4.05× [" in md  # the ceiling vs cascade, with its interval
+    assert md.count("| predgen |") == 3  # latency, ratios, ceilings
