@@ -530,9 +530,12 @@ def test_states_share_the_context_cells(small: LlamaCppBackend, prefix: list[int
         small.extend(b, fill[::-1])  # fails in its second chunk: the first one is taken out again
     assert b.tokens == [] and small.cache_len(b) == 0
     assert small.cache_len(a) == n and not a.evicted and small.cell_evictions == 0
+    with pytest.raises(ContextOverflowError):
+        small.extend(b, fill[::-1], last_only=True)  # a prefill that asked for one row only
     small.release(a)
-    small.extend(b, fill[::-1])  # fits once a is gone
+    got = small.extend(b, fill[::-1])  # fits once a is gone; every row's logits again
     small.release(b)
+    assert_close(got, fresh(small, fill[::-1]), "after failed decodes")
 
 
 def _restoring(gguf: Path, tok: Tokenizer) -> LlamaCppBackend:

@@ -551,53 +551,20 @@ class LlamaCppBackend(Backend):
     ) -> np.ndarray:
         """Decode ``tokens`` (chunks of ``n_batch``) and return a copy of their logits.
 
-        With ``last_only`` llama.cpp computes (and we copy) only the last token's row. When the
-        KV cells run out and ``restore_evicted`` is on, the least recently used other state (not
-        ``home`` nor a home in ``protect``) is evicted and the decode tried again, until it fits
-        or no state is left to evict: its owner prefills it again on its next use.
+        With ``last_only`` llama.cpp computes (and we copy) only the last token's row. A failed
+        chunk takes the earlier ones out of the cache again. When the KV cells run out and
+        ``restore_evicted`` is on, the least recently used other state (not ``home`` nor a home
+        in ``protect``) is evicted and the decode starts again, until it fits or no state is
+        left to evict: the evicted state's owner prefills it again on its next use.
         """
-        keep = {home, *protect}
-        while True:
-            try:
-                return self._decode_chunks(tokens, pos, tags, home, touched, last_only)
-            except ContextOverflowError:
-                if not (self.restore_evicted and self._evict_for_cells(keep)):
-                    raise
-
-    def _evict_for_cells(self, keep: Collection[int]) -> bool:
-        """Evict the least recently used state that holds cells, is not mid-tree and whose home
-        is not in ``keep``; False when there is none."""
-        live = [
-            (st.last_use, h, st)
-            for h, ref in self._owners.items()
-            if h not in keep and (st := ref()) is not None and st.tokens and st.pending is None
-        ]
-        if not live:
-            return False
-        _, home, victim = min(live, key=lambda x: (x[0], x[1]))
-        self._clear_seqs(home)
-        self._free_home(victim)
-        victim.evicted = True
-        self.cell_evictions += 1
-        return True
-
-    def _decode_chunks(
-        self,
-        tokens: list[int],
-        pos: np.ndarray,
-        tags: list[list[int]] | None,
-        home: int,
-        touched: list[int],
-        last_only: bool,
-    ) -> np.ndarray:
-        """``_run``'s one try: a failed chunk takes the earlier ones out of the cache again."""
         n = len(tokens)
         nb = self.n_batch
         batch = self._batch
         if batch is None:
             raise RuntimeError("this backend has been closed")
         out = np.empty((1 if last_only else n, self.vocab_size), dtype=np.float32)
-        for a in range(0, n, nb):
+        a = 0
+        while a < n:
             k = min(nb, n - a)
             if last_only:
                 self._b_out[:k] = 0
@@ -618,10 +585,14 @@ class LlamaCppBackend(Backend):
             batch.n_tokens = k
             rc = self._decode(self._ctx, batch)
             if rc != 0:
+                self._b_out[:] = 1  # logits for every batch token again, as other calls expect
                 if a:  # earlier chunks are in the cache: take them out again
                     p0 = int(pos.min())
                     for s in touched:
                         self._lib.llama_memory_seq_rm(self._mem, s, p0, -1)
+                if rc == 1 and self.restore_evicted and self._evict_for_cells({home, *protect}):
+                    a = 0
+                    continue
                 if rc == 1:
                     raise ContextOverflowError(
                         f"llama.cpp found no free KV cells for {n} new tokens: the {self.n_ctx}-token "
@@ -633,10 +604,28 @@ class LlamaCppBackend(Backend):
                 self._b_out[:k] = 1
                 if a + k == n:
                     out[0] = np.ctypeslib.as_array(self._get_logits(self._ctx), shape=(1, self.vocab_size))[0]
-                continue
-            ptr = self._get_logits(self._ctx)
-            out[a : a + k] = np.ctypeslib.as_array(ptr, shape=(k, self.vocab_size))
+            else:
+                ptr = self._get_logits(self._ctx)
+                out[a : a + k] = np.ctypeslib.as_array(ptr, shape=(k, self.vocab_size))
+            a += k
         return out
+
+    def _evict_for_cells(self, keep: Collection[int]) -> bool:
+        """Evict the least recently used state that holds cells, is not mid-tree and whose home
+        is not in ``keep``; False when there is none."""
+        live = [
+            (st.last_use, h, st)
+            for h, ref in self._owners.items()
+            if h not in keep and (st := ref()) is not None and st.tokens and st.pending is None
+        ]
+        if not live:
+            return False
+        _, home, victim = min(live, key=lambda x: (x[0], x[1]))
+        self._clear_seqs(home)
+        self._free_home(victim)
+        victim.evicted = True
+        self.cell_evictions += 1
+        return True
 
     def _compact(self, state: BackendState, keep_idx: list[int]) -> None:
         st = self._as_state(state)
