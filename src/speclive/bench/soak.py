@@ -189,7 +189,10 @@ class _Voice(threading.Thread):
                         rec["status"] = msg["response"]["status"]
                         return
             except Exception as e:
-                rec["failure"] = f"{type(e).__name__}: {e}"
+                # after the turn gave up (``done``), closing the connection ends this read: the
+                # turn's own failure ("no answer within ...") is the one to keep
+                if not done.is_set():
+                    rec["failure"] = f"{type(e).__name__}: {e}"
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
