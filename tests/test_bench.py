@@ -172,6 +172,25 @@ def test_machine_info() -> None:
     assert report.header_lines({"machine": info})[0].startswith("machine:")
 
 
+def test_cpu_detail_tells_host_generations_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from speclive import sysinfo
+
+    block = (
+        "processor\t: {i}\ncpu family\t: 25\nmodel\t\t: {m}\nmodel name\t: AMD EPYC\nflags\t\t: fpu {f}\n\n"
+    )
+    zen4 = tmp_path / "zen4"
+    zen4.write_text(block.format(i=0, m=17, f="avx avx2 avx512f") + block.format(i=1, m=99, f="avx"))
+    zen3 = tmp_path / "zen3"
+    zen3.write_text(block.format(i=0, m=1, f="avx avx2"))
+    real_path = sysinfo.Path
+    monkeypatch.setattr(sysinfo, "Path", lambda p: zen4 if p == "/proc/cpuinfo" else real_path(p))
+    assert sysinfo.cpu_detail() == "family 25 model 17, avx512f"  # the first processor's block
+    monkeypatch.setattr(sysinfo, "Path", lambda p: zen3 if p == "/proc/cpuinfo" else real_path(p))
+    assert sysinfo.cpu_detail() == "family 25 model 1, avx2"
+    header = {"machine": {"cpu": "AMD EPYC", "cpu_detail": "family 25 model 1, avx2", "cores": 2}}
+    assert report.header_lines(header)[0].startswith("machine: AMD EPYC (family 25 model 1, avx2) | 2 cores")
+
+
 # ------------------------------------------------------------------------------------ end to end
 @pytest.mark.llamacpp
 def test_decode_bench_end_to_end(tmp_path: Path) -> None:

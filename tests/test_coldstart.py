@@ -166,6 +166,21 @@ def test_corrupt_or_foreign_knowledge_is_ignored_with_a_warning(tmp_path):
         assert d.knowledge() == fresh  # nothing half-applied: the priors stand
 
 
+def test_knowledge_is_kept_per_host_generation(tmp_path, monkeypatch):
+    """A virtual CPU named alike on hosts of another generation (another family/model/ISA)
+    measured other costs: its knowledge is another file, not loaded here."""
+    from speclive import sysinfo
+    from speclive.drafting.ngram import NgramDrafter
+    from speclive.knowledge import KnowledgeStore
+
+    _learned_ngram(tmp_path)
+    _, target = _copy_prompt()
+    assert KnowledgeStore(target, NgramDrafter(), "ngram", directory=tmp_path).load() is True
+    monkeypatch.setattr(sysinfo, "cpu_detail", lambda: "family 0 model 0, another-isa")
+    other = KnowledgeStore(target, NgramDrafter(), "ngram", directory=tmp_path)
+    assert other.load() is False and "another-isa" in other.key["machine"]
+
+
 def test_knowledge_reset_and_cli(tmp_path, monkeypatch, capsys):
     from speclive.cli import main
     from speclive.knowledge import entries

@@ -53,11 +53,15 @@ def disabled_by_env() -> bool:
 
 
 def machine_id(target: Backend) -> str:
-    """CPU model, cores and the target's thread count (what the measured costs depend on)."""
-    from speclive.sysinfo import cpu_model
+    """CPU model (with its family, model and vector ISA: one virtual CPU name covers host
+    generations of different speeds), cores and the target's thread count (what the measured
+    costs depend on)."""
+    from speclive.sysinfo import cpu_detail, cpu_model
 
     threads = target.n_threads
     parts = [cpu_model(), f"cores={os.cpu_count()}", f"threads={threads}"]
+    if cpu_detail():
+        parts.insert(1, str(cpu_detail()))
     if str(target.device) != "cpu":
         parts.append(f"device={target.device}")
     return "|".join(parts)

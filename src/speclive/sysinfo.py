@@ -19,3 +19,29 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_detail() -> str | None:
+    """Family, model and widest vector ISA of the CPU (``"family 25 model 1, avx2"``): a
+    virtual machine's model name ("AMD EPYC") does not tell two host generations apart, and
+    their speeds differ by up to 2x. None where /proc/cpuinfo is not there."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        fields.setdefault(key.strip().lower(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    isa = next((f for f in ("avx512f", "avx2", "avx", "neon", "asimd") if f in flags), None)
+    parts = []
+    if "cpu family" in fields and "model" in fields:
+        parts.append(f"family {fields['cpu family']} model {fields['model']}")
+    if isa:
+        parts.append(isa)
+    return ", ".join(parts) or None

@@ -73,9 +73,9 @@ def calibrate(weight: Any, repeats: int = 5) -> dict[int, bool]:
 def _plan_key(weight: Any) -> str:
     import torch
 
-    from speclive.sysinfo import cpu_model
+    from speclive.sysinfo import cpu_detail, cpu_model
 
-    cpu = cpu_model()
+    cpu = f"{cpu_model()} ({cpu_detail()})"
     shape = "x".join(str(d) for d in weight.shape)
     return f"{cpu}|cores={os.cpu_count()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{shape}"
 

@@ -25,7 +25,7 @@ from typing import Any
 # a divergence from AR at a reference top-2 logit gap below NEAR_TIE_GAP is a near-tie flip
 from speclive.backends.base import NEAR_TIE_GAP as NEAR_TIE_GAP
 from speclive.cli.flags import option
-from speclive.sysinfo import cpu_model
+from speclive.sysinfo import cpu_detail, cpu_model
 
 
 # ------------------------------------------------------------------------------------ machine
@@ -102,6 +102,7 @@ def machine_info(load_avg_start: list[float] | None = None) -> dict[str, Any]:
     commit, dirty = git_state()
     return {
         "cpu": cpu_model(),
+        "cpu_detail": cpu_detail(),
         "gpu": gpu_model(),
         "cores": os.cpu_count(),
         "cores_usable": affinity,
@@ -134,7 +135,8 @@ def header_lines(header: Mapping[str, Any]) -> list[str]:
     m = header.get("machine", {})
     v = m.get("versions", {})
     lines = [
-        f"machine: {m.get('cpu')} | {m.get('cores')} cores ({m.get('cores_usable')} usable) | "
+        f"machine: {m.get('cpu')}" + (f" ({m['cpu_detail']})" if m.get("cpu_detail") else "") + " | "
+        f"{m.get('cores')} cores ({m.get('cores_usable')} usable) | "
         f"{m.get('mem_gb')} GB | load avg before loading models {m.get('load_avg_start')}"
         + (f" | GPU {m['gpu']}" if m.get("gpu") else ""),
         f"software: python {m.get('python')}, torch {v.get('torch')}, transformers {v.get('transformers')}, "
