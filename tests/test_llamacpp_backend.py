@@ -554,17 +554,18 @@ def test_a_cell_shortage_evicts_the_least_recent_state_when_restoring(
         assert be.n_cells == 256
         fill = (prefix * 20)[:150]
         a, b, c = be.new_state(), be.new_state(), be.new_state()
-        be.extend(a, fill)
+        be.extend(a, fill, last_only=True)  # prefills: the logits of their last row only
         be.extend(c, prefix[:8])
         # 150 + 8 + 150 cells do not fit: a, the least recently used, gives way (b's decode
         # fails in a later chunk, its earlier chunks are taken out and it runs again)
-        be.extend(b, fill[::-1])
+        be.extend(b, fill[::-1], last_only=True)
         assert a.evicted and a.seq < 0 and be.cell_evictions == 1
         assert not c.evicted and be.cache_len(c) == 8 and be.cache_len(b) == 150
         got = be.extend(a, [7])  # restored: c, then b (least recent first) give way
         assert not a.evicted and be.restores == 1 and be.cache_len(a) == 151
         assert c.evicted and b.evicted and be.cell_evictions == 3
-        assert_close(got, be.extend(be.new_state(), fill + [7])[-1:], "restored after a cell shortage")
+        want = be.extend(be.new_state(), fill + [7], last_only=True)
+        assert_close(got, want, "restored after a cell shortage")
 
 
 def test_a_batch_under_a_cell_shortage_evicts_none_of_its_own(
@@ -576,9 +577,9 @@ def test_a_batch_under_a_cell_shortage_evicts_none_of_its_own(
         assert be.n_cells == 256
         body = (prefix * 20)[:200]
         a, b, c = be.new_state(), be.new_state(), be.new_state()
-        be.extend(a, body[:60])
-        be.extend(b, body[60:120])
-        be.extend(c, body[:120])  # the most recent, and only 16 cells are left free
+        be.extend(a, body[:60], last_only=True)
+        be.extend(b, body[60:120], last_only=True)
+        be.extend(c, body[:120], last_only=True)  # the most recent, and only 16 cells are left free
         calls = be.forward_calls
         out = be.extend_many([(a, body[120:140], None), (b, body[140:160], None)])
         assert all(isinstance(x, np.ndarray) for x in out)
