@@ -59,9 +59,8 @@ def machine_id(target: Backend) -> str:
     from speclive.sysinfo import cpu_detail, cpu_model
 
     threads = target.n_threads
-    parts = [cpu_model(), f"cores={os.cpu_count()}", f"threads={threads}"]
-    if cpu_detail():
-        parts.insert(1, str(cpu_detail()))
+    detail = cpu_detail()
+    parts = [cpu_model(), *([detail] if detail else []), f"cores={os.cpu_count()}", f"threads={threads}"]
     if str(target.device) != "cpu":
         parts.append(f"device={target.device}")
     return "|".join(parts)

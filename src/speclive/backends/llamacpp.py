@@ -42,7 +42,7 @@ import os
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -366,19 +366,10 @@ class LlamaCppBackend(Backend):
             self._owners.pop(home, None)
             self._clear_seqs(home)
             self._free_homes.append(home)
-        if not self._free_homes:
-            victims = [(ref(), h) for h, ref in self._owners.items()]
-            live = [
-                (v.last_use, h, v) for v, h in victims if v is not None and v is not st and v is not protect
-            ]
-            if not live:
-                raise RuntimeError(
-                    f"no free llama.cpp sequence for another state (max_states={self.max_states})"
-                )
-            _, home, victim = min(live, key=lambda x: (x[0], x[1]))
-            self._clear_seqs(home)
-            self._free_home(victim)
-            victim.evicted = bool(victim.tokens) or victim.pending is not None
+        if not self._free_homes and not self._evict_least_recent(
+            lambda h, v: v is not st and v is not protect
+        ):
+            raise RuntimeError(f"no free llama.cpp sequence for another state (max_states={self.max_states})")
         home = min(self._free_homes)
         self._free_homes.remove(home)
         self._clear_seqs(home)
@@ -613,18 +604,22 @@ class LlamaCppBackend(Backend):
     def _evict_for_cells(self, keep: Collection[int]) -> bool:
         """Evict the least recently used state that holds cells, is not mid-tree and whose home
         is not in ``keep``; False when there is none."""
-        live = [
-            (st.last_use, h, st)
-            for h, ref in self._owners.items()
-            if h not in keep and (st := ref()) is not None and st.tokens and st.pending is None
-        ]
+        if not self._evict_least_recent(lambda h, v: h not in keep and bool(v.tokens) and v.pending is None):
+            return False
+        self.cell_evictions += 1
+        return True
+
+    def _evict_least_recent(self, may: Callable[[int, LlamaCppState], bool]) -> bool:
+        """Evict the least recently used live state for which ``may(home, state)`` holds: its
+        sequences are cleared and its home freed; False when there is none."""
+        owners = ((h, ref()) for h, ref in self._owners.items())
+        live = [(v.last_use, h, v) for h, v in owners if v is not None and may(h, v)]
         if not live:
             return False
         _, home, victim = min(live, key=lambda x: (x[0], x[1]))
         self._clear_seqs(home)
         self._free_home(victim)
-        victim.evicted = True
-        self.cell_evictions += 1
+        victim.evicted = bool(victim.tokens) or victim.pending is not None
         return True
 
     def _compact(self, state: BackendState, keep_idx: list[int]) -> None:
