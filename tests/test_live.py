@@ -19,7 +19,7 @@ from speclive.asr.audio import SAMPLE_RATE, to_mono_16k
 from speclive.cli import main
 from speclive.errors import ConfigError
 from speclive.live import LiveTranscriber, LiveTranslator, TurnConfig, VirtualClock, VoiceChat, play
-from speclive.live.clock import WallClock
+from speclive.live.clock import WallClock, chunks_of
 from speclive.live.pipeline import LiveConfig, as_mono_16k
 from speclive.live.vad import FRAME, StreamingVAD, TurnDetector
 from speclive.sessions.predictive import PredGenConfig
@@ -212,8 +212,18 @@ def test_voicechat_audio_barge_in_and_history(hf_smol, piper):
     q1, q2 = QUESTIONS[0], QUESTIONS[2]
     a1, s1 = _spoken(piper, q1, tail=0.0)
     a2, s2 = _spoken(piper, q2, lead=0.0)
-    # the second question starts 0.8 s after the first one ends: during the answer
-    audio = np.concatenate([a1, np.zeros(int(0.8 * SAMPLE_RATE), np.float32), a2])
+    heard: list[float] = []  # when the first answer audio plays
+
+    def caller():
+        """The first question, silence until its answer is heard (however long the machine
+        takes to answer), 0.3 s more of it, then the second question: during the answer."""
+        yield from chunks_of(a1)
+        silence = np.zeros(int(0.1 * SAMPLE_RATE), np.float32)
+        for _ in range(600):  # at most a minute of it
+            if heard and vc.clock() >= heard[0] + 0.3:
+                break
+            yield silence
+        yield from chunks_of(a2)
 
     class TwoTurns(ScriptedTranscriber):
         def transcribe(self, audio, loop_fallback=True, hint=None):
@@ -224,9 +234,9 @@ def test_voicechat_audio_barge_in_and_history(hf_smol, piper):
 
     tr = TwoTurns(q1, s1, 0.3)
     vc = VoiceChat(hf_smol, tr, tts=piper, predgen=PredGenConfig(max_tokens=40), clock=VirtualClock())
-    res = play(vc, audio)
+    res = play(vc, caller(), on_event=lambda e: heard.append(e.play_at) if e.type == "audio" else None)
     kinds = [e.type for e in res.events]
-    assert "interrupted" in kinds
+    assert heard and "interrupted" in kinds
     chunks = [e for e in res.events if e.type == "audio"]
     assert chunks and all(c.samples.size and c.sample_rate == piper.sample_rate for c in chunks)
     assert chunks[0].play_at >= [e.t for e in res.events if e.type == "speech_stopped" and e.end_of_turn][0]

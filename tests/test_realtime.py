@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import threading
 import time
 
 import numpy as np
@@ -66,6 +67,7 @@ def _chunks(audio: np.ndarray, rate: int = 24_000, chunk_s: float = 0.1):
 
 def test_sdk_voice_turn(rt):
     url, audio, _app = rt
+    speech_end = len(audio) - int(1.5 * 24_000)  # the fixture's audio ends in 1.5 s of silence
     ws_base = url.replace("http://", "ws://") + "/v1"
     client = OpenAI(base_url=f"{url}/v1", api_key=KEY, websocket_base_url=ws_base, max_retries=0)
     types: list[str] = []
@@ -74,15 +76,31 @@ def test_sdk_voice_turn(rt):
     metrics: dict = {}
     with client.realtime.connect(model="speclive", max_retries=0) as conn:
         assert conn.recv().type == "session.created"
-        # a longer end-of-turn silence (OpenAI's field): PredGen speculates from the partial
-        # transcripts of the speech, and on a slow machine they may come late
+        # a longer end-of-turn silence (OpenAI's field) than the pause sent below
         conn.session.update(session={"turn_detection": {"type": "server_vad", "silence_duration_ms": 1200}})
         updated = conn.recv()
         assert updated.type == "session.updated", updated
-        for b64 in _chunks(audio):
+        # the question and a pause (0.6 s of silence: more than the VAD's pause, less than the
+        # end of turn), then no audio until the answer was speculated: a slow machine gets the
+        # time it needs, and the end of the turn still comes after the speculation
+        pause = speech_end + int(0.6 * 24_000)
+        for b64 in _chunks(audio[:pause]):
             conn.input_audio_buffer.append(audio=b64)
             time.sleep(0.1)  # a microphone's pace
+        # a recv() that would wait for ever (no speculation, no answer) ends with the connection
+        watchdog = threading.Timer(150, conn.close)
+        watchdog.start()
         deadline = time.time() + 120
+        while time.time() < deadline:
+            e = conn.recv()
+            types.append(e.type)
+            if e.type == "speclive.speculation":
+                break
+            if e.type == "error":
+                pytest.fail(f"error event: {e}")
+        for b64 in _chunks(audio[pause:]):
+            conn.input_audio_buffer.append(audio=b64)
+            time.sleep(0.1)
         while time.time() < deadline:
             e = conn.recv()
             types.append(e.type)
@@ -99,6 +117,7 @@ def test_sdk_voice_turn(rt):
                 break
             elif e.type == "error":
                 pytest.fail(f"error event: {e}")
+        watchdog.cancel()
     for t in (
         "input_audio_buffer.speech_started",
         "input_audio_buffer.speech_stopped",

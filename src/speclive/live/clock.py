@@ -94,12 +94,18 @@ def chunks_of(audio: np.ndarray, chunk_s: float = 0.1) -> Iterable[np.ndarray]:
         yield audio[i : i + n]
 
 
-def play(pipeline: Pipeline, audio: np.ndarray, chunk_s: float = 0.1, on_event=None) -> PlayResult:
+def play(
+    pipeline: Pipeline, audio: np.ndarray | Iterable[np.ndarray], chunk_s: float = 0.1, on_event=None
+) -> PlayResult:
     """Feed 16 kHz ``audio`` to ``pipeline`` in ``chunk_s`` chunks at their arrival times on the
     pipeline's clock, let it compute in between, then ``close()`` it (which finishes the work
-    in progress). ``on_event`` sees each event as it is emitted."""
+    in progress). ``on_event`` sees each event as it is emitted. ``audio`` may also be an
+    iterable of chunks, read one at a time: a source that decides what comes next from the
+    events so far (a caller who talks over the answer once it is heard)."""
     clock = pipeline.clock
-    res = PlayResult(input_s=len(audio) / SAMPLE_RATE)
+    res = PlayResult()
+    if isinstance(audio, np.ndarray):
+        audio = chunks_of(np.asarray(audio, np.float32), chunk_s)
 
     def emit(evs: list[Event] | None) -> None:
         for ev in evs or []:
@@ -108,7 +114,8 @@ def play(pipeline: Pipeline, audio: np.ndarray, chunk_s: float = 0.1, on_event=N
                 on_event(ev)
 
     arrived = 0
-    for chunk in chunks_of(np.asarray(audio, np.float32), chunk_s):
+    for chunk in audio:
+        chunk = np.asarray(chunk, np.float32)
         due = (arrived + len(chunk)) / SAMPLE_RATE
         while clock() < due:
             evs = pipeline.step(deadline=due)
@@ -119,5 +126,6 @@ def play(pipeline: Pipeline, audio: np.ndarray, chunk_s: float = 0.1, on_event=N
         res.max_lag_s = max(res.max_lag_s, clock() - due)
         emit(pipeline.push(chunk))
         arrived += len(chunk)
+    res.input_s = arrived / SAMPLE_RATE
     emit(pipeline.close())
     return res
