@@ -26,6 +26,15 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session")
+def gpu_model() -> str:
+    """The model of the CUDA tests: the default one, or ``SPECLIVE_GPU_TEST_MODEL`` (a smaller
+    one travels to a lent GPU machine faster)."""
+    from speclive.loader import DEFAULT_MODEL
+
+    return os.environ.get("SPECLIVE_GPU_TEST_MODEL", DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
 def hf_smol():
     from speclive.loader import load_backend
 

@@ -54,14 +54,10 @@ def test_device_spelling_shares_one_loaded_backend(hf_smol):
 
 
 @pytest.fixture(scope="module")
-def cuda_qwen():
-    """The default model on the GPU, or ``SPECLIVE_GPU_TEST_MODEL`` (a smaller one travels to a
-    lent GPU machine faster)."""
-    import os
+def cuda_qwen(gpu_model):
+    from speclive.loader import load_backend
 
-    from speclive.loader import DEFAULT_MODEL, load_backend
-
-    return load_backend(os.environ.get("SPECLIVE_GPU_TEST_MODEL", DEFAULT_MODEL), "hf", device="cuda")
+    return load_backend(gpu_model, "hf", device="cuda")
 
 
 @needs_cuda

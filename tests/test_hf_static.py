@@ -81,12 +81,12 @@ def test_caches_are_pooled_and_limits_are_clear(hf_smol, static_smol):
 
 
 @pytest.fixture(scope="module")
-def cuda_pair():
-    """(eager, graphed) backends on one copy of the default model's weights on the GPU."""
+def cuda_pair(gpu_model):
+    """(eager, graphed) backends on one copy of the CUDA tests' model's weights on the GPU."""
     from speclive.backends.hf import HFBackend
-    from speclive.loader import DEFAULT_MODEL, load_backend
+    from speclive.loader import load_backend
 
-    graphed = load_backend(DEFAULT_MODEL, "hf", device="cuda")
+    graphed = load_backend(gpu_model, "hf", device="cuda")
     assert isinstance(graphed, StaticHFBackend) and graphed.graphs
     eager = HFBackend(graphed.model, graphed.tokenizer, name=graphed.name, n_ctx=graphed.n_ctx)
     return eager, graphed
