@@ -170,7 +170,10 @@ def _runner(
                 body[key] = value
             if key == "model" and isinstance((case.path_parameters or {}).get("model"), str):
                 case.path_parameters["model"] = value
-        if "file" in body and pick.get("voice") is not None:
+        # a real WAV where the body is a form upload (a JSON body may carry a "file" key of
+        # its own: bytes cannot go there, and the server sees what the schema generated)
+        multipart = (case.media_type or "").startswith("multipart/")
+        if multipart and "file" in body and pick.get("voice") is not None:
             body["file"] = _tone_wav()
         resp = case.call(base_url=url, headers=headers, timeout=120)
         rep.requests += 1
