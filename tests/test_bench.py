@@ -183,10 +183,17 @@ def test_cpu_detail_tells_host_generations_apart(tmp_path: Path, monkeypatch: py
     zen3 = tmp_path / "zen3"
     zen3.write_text(block.format(i=0, m=1, f="avx avx2"))
     real_path = sysinfo.Path
-    monkeypatch.setattr(sysinfo, "Path", lambda p: zen4 if p == "/proc/cpuinfo" else real_path(p))
-    assert sysinfo.cpu_detail() == "family 25 model 17, avx512f"  # the first processor's block
-    monkeypatch.setattr(sysinfo, "Path", lambda p: zen3 if p == "/proc/cpuinfo" else real_path(p))
-    assert sysinfo.cpu_detail() == "family 25 model 1, avx2"
+    # /proc/cpuinfo is read once per process: this test reads two machines, then the real one
+    # is read again by the tests after it
+    try:
+        monkeypatch.setattr(sysinfo, "Path", lambda p: zen4 if p == "/proc/cpuinfo" else real_path(p))
+        sysinfo._cpuinfo.cache_clear()
+        assert sysinfo.cpu_detail() == "family 25 model 17, avx512f"  # the first processor's block
+        monkeypatch.setattr(sysinfo, "Path", lambda p: zen3 if p == "/proc/cpuinfo" else real_path(p))
+        sysinfo._cpuinfo.cache_clear()
+        assert sysinfo.cpu_detail() == "family 25 model 1, avx2"
+    finally:
+        sysinfo._cpuinfo.cache_clear()
     header = {"machine": {"cpu": "AMD EPYC", "cpu_detail": "family 25 model 1, avx2", "cores": 2}}
     assert report.header_lines(header)[0].startswith("machine: AMD EPYC (family 25 model 1, avx2) | 2 cores")
 

@@ -6,18 +6,26 @@ importing the benchmark layer.
 
 from __future__ import annotations
 
+import functools
 import platform
 from pathlib import Path
 
 
+@functools.cache
+def _cpuinfo() -> str | None:
+    """/proc/cpuinfo, read once per process (keys of saved measurements ask for it per model
+    weight and per server request); None where it is not there."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+
+
 def cpu_model() -> str:
     """The CPU model name from /proc/cpuinfo (or ``platform.processor()``)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    for line in (_cpuinfo() or "").splitlines():
+        if line.lower().startswith("model name"):
+            return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 
@@ -25,9 +33,8 @@ def cpu_detail() -> str | None:
     """Family, model and widest vector ISA of the CPU (``"family 25 model 1, avx2"``): a
     virtual machine's model name ("AMD EPYC") does not tell two host generations apart, and
     their speeds differ by up to 2x. None where /proc/cpuinfo is not there."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    text = _cpuinfo()
+    if text is None:
         return None
     fields: dict[str, str] = {}
     for line in text.splitlines():
