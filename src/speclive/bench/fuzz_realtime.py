@@ -605,9 +605,7 @@ def _scenarios(
         while not limited and conn.close_code is None:
             if sent >= n and time.perf_counter() - t0 > FLOOD_MAX_S:
                 break
-            for _ in range(min(n, 1000)):
-                conn.send('{"type": "input_audio_buffer.clear"}')
-            sent += min(n, 1000)
+            sent += sum(conn.send('{"type": "input_audio_buffer.clear"}') for _ in range(min(n, 1000)))
             while conn.recv(0) is not None:  # what the server said so far
                 pass
             limited = "rate_limit_exceeded" in _error_codes(conn)
