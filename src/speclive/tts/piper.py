@@ -21,7 +21,10 @@ RESERVE_TEXT = "Speech synthesis reserves the memory its longest sentence needs,
 class PiperTTS:
     name = "piper"
 
-    def __init__(self, voice: str = "piper-joe-medium", threads: int | None = None):
+    def __init__(self, voice: str = "piper-joe-medium", threads: int | None = None, varied: bool = True):
+        """``varied=False`` turns off the voice's random variation (VITS noise scales 0): the same
+        text then gives the same samples in every process, e.g. for test clips and benchmark
+        audio that must be reproducible."""
         try:
             from piper import PiperConfig, PiperVoice
         except ImportError as e:  # pragma: no cover - depends on the install
@@ -48,13 +51,15 @@ class PiperTTS:
         self.voice = PiperVoice(config=PiperConfig.from_dict(config), session=_session(path, threads))
         self.sample_rate = int(self.voice.config.sample_rate)
         self.name = f"piper:{path.stem}"
+        self.varied = varied
 
     def _samples(self, text: str, length_scale: float | None = None) -> np.ndarray:
         syn = None
-        if length_scale is not None:
+        if length_scale is not None or not self.varied:
             from piper import SynthesisConfig
 
-            syn = SynthesisConfig(length_scale=length_scale)
+            fixed = {} if self.varied else {"noise_scale": 0.0, "noise_w_scale": 0.0}
+            syn = SynthesisConfig(length_scale=length_scale, **fixed)
         # one onnxruntime run per bounded piece: the arena never needs more than the largest
         chunks = [
             c.audio_float_array
