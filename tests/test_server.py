@@ -400,6 +400,10 @@ def test_auth(srv):
 
 def test_metrics(srv):
     srv.client.chat.completions.create(model=SMALL, messages=_ask("Say yes."), max_tokens=4)
+    # a refused and a malformed request of its own: under xdist the module's other tests may
+    # run on another worker, against another server
+    _err(httpx.get(f"{srv.url}/v1/models"), 401)
+    _err(srv.http.post("/v1/chat/completions", json={"model": "default", "messages": "hi"}), 400)
     text = srv.http.get("/metrics").text
     assert 'speclive_requests_total{endpoint="/v1/chat/completions",method="POST",status="200"}' in text
     assert 'status="401"' in text and 'status="400"' in text
