@@ -154,7 +154,7 @@ class ScriptedTranscriber:
 def piper():
     from speclive.tts.piper import PiperTTS
 
-    tts = PiperTTS("piper-joe-medium")
+    tts = PiperTTS("piper-joe-medium", varied=False)
     tts.synthesize("Warm up.")
     return tts
 

@@ -43,7 +43,7 @@ def rt(llama_smol):
     from speclive.asr.transcribe import TranscribeConfig, Transcriber
     from speclive.tts.piper import PiperTTS
 
-    tts = PiperTTS("piper-joe-medium")
+    tts = PiperTTS("piper-joe-medium", varied=False)
     live_tr = Transcriber(
         TranscribeConfig(model="whisper-tiny.en", method="specasr", draft="self:1", target_audio_margin_s=1.0)
     )
@@ -398,7 +398,7 @@ def _spoken_wav(tmp_path, text: str) -> str:
 
     from speclive.tts.piper import PiperTTS
 
-    a = PiperTTS("piper-joe-medium").synthesize(text)
+    a = PiperTTS("piper-joe-medium", varied=False).synthesize(text)
     x = resample(a.samples, a.sample_rate, 16_000)
     x = np.concatenate([np.zeros(8000, np.float32), x, np.zeros(40_000, np.float32)])  # the capture loops
     path = tmp_path / "question.wav"

@@ -49,7 +49,7 @@ def srv(llama_smol):
     from speclive.asr.transcribe import TranscribeConfig, Transcriber
     from speclive.tts.piper import PiperTTS
 
-    tts = PiperTTS("piper-joe-medium")
+    tts = PiperTTS("piper-joe-medium", varied=False)
     transcriber = Transcriber(TranscribeConfig(model="whisper-tiny.en", method="specasr", draft="self:1"))
     config = ServerConfig(
         model=SMALL,
