@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from asr_fixtures import clips_16k, tiny
 
@@ -159,3 +160,29 @@ def test_cli_transcribe_json(tmp_path, capsys):
     assert set(out) == {"text", "segments", "stats"}
     assert {"target_forwards", "draft_forwards", "mean_accepted", "decode_ms"} <= set(out["stats"])
     assert out["text"] and out["segments"][0]["start"] == 0.0
+
+
+def test_cli_transcribe_stream_json(tmp_path, capsys):
+    """``transcribe --stream --json``: one JSON line per partial, then one object with the text,
+    every pass and the final pass's latency after the first silent frame; ``--no-stream-draft``
+    gives the same text in more decoder passes."""
+    from speclive.cli import main
+    from speclive.tts.base import Audio, write_wav
+
+    _, audio = clips_16k()[1]
+    wav = tmp_path / "a.wav"
+    write_wav(wav, Audio(np.concatenate([audio, np.zeros(8000, np.float32)]), 16_000, 0.0))
+    args = ["transcribe", "--model", "whisper-tiny.en", "--method", "ar", "--stream", "--json", str(wav)]
+    texts, passes = {}, {}
+    for draft in (True, False):
+        assert main(args + ([] if draft else ["--no-stream-draft"])) == 0
+        lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        last = lines[-1]
+        assert {"text", "passes", "final_latency_s"} <= set(last) and last["stream_draft"] is draft
+        assert "robot" in last["text"].lower()
+        assert len(last["passes"]) == len(lines) and last["passes"][-1]["kind"] == "final"
+        for p in last["passes"]:
+            assert {"decoder_passes", "tokens", "encoder_ms", "decoder_ms"} <= set(p)
+        assert 0 < last["final_latency_s"] < 10 and 0 < last["silence_t"] < len(audio) / 16_000 + 0.5
+        texts[draft], passes[draft] = last["text"], sum(p["decoder_passes"] for p in last["passes"])
+    assert texts[True] == texts[False] and passes[True] < passes[False]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
+
 import numpy as np
 from asr_fixtures import clips_16k, tiny
 
@@ -100,3 +103,81 @@ def test_real_stream_drives_ssbd_session(hf_smol):
     out, ups = drive_session(session, parts)
     assert out.final and out.source == parts[-1].text and out.output.strip()
     assert [u.source for u in ups] == rec.seen
+
+
+@functools.cache
+def _trimmed_tiny():
+    """tiny.en encoding the audio plus 1 s, as the live pipelines run their target."""
+    from speclive.asr.whisper import load_whisper
+
+    return load_whisper("whisper-tiny.en", audio_margin_s=1.0)
+
+
+def _streams():
+    """Six streams: each test clip and both joined by a short gap, at two step sizes each."""
+    (_, a), (_, b) = clips_16k()
+    gap = np.zeros(int(0.25 * SAMPLE_RATE), np.float32)
+    tail = np.zeros(int(0.6 * SAMPLE_RATE), np.float32)
+    turns = [np.concatenate([a, tail]), np.concatenate([b, tail]), np.concatenate([a, gap, b, tail])]
+    steps = ((0.5, 1.0), (0.7, 1.3), (0.8, 1.1))
+    return [(t, step) for t, pair in zip(turns, steps, strict=True) for step in pair]
+
+
+def test_drafted_passes_equal_plain_redecoding_on_every_pass():
+    """Differential, on the float32 Whisper backend: over six streams, every streaming and final
+    pass drafted by the previous passes (chain, tree, re-alignment; with and without a tail
+    drafter) gives the token ids of plain greedy re-decoding of the same audio, in fewer decoder
+    passes."""
+    from speclive.asr.streaming import PassRecognizer, stream_timed
+
+    trimmed = _trimmed_tiny()
+    cfg = TranscribeConfig(model="whisper-tiny.en", method="ar", target_audio_margin_s=1.0)
+    plain = Transcriber(cfg, target=trimmed)
+    tail = replace(cfg, method="specasr", draft="self:1", stream_tail=True)
+    drafted = {
+        "previous": Transcriber(cfg, target=trimmed),
+        "previous+tail": Transcriber(tail, target=trimmed),
+    }
+    saved = {k: 0 for k in drafted}
+    passes = 0
+    for audio, step in _streams():
+        ref = PassRecognizer(plain, draft=False, loop_fallback=False)
+        want = stream_timed(audio, ref, StreamConfig(step_s=step, buffer_s=25.0))
+        for name, tr in drafted.items():
+            rec = PassRecognizer(tr, draft=True, loop_fallback=False)
+            got = stream_timed(audio, rec, StreamConfig(step_s=step, buffer_s=25.0))
+            assert got.final.text == want.final.text
+            pairs = list(zip(rec.passes.records, ref.passes.records, strict=True))
+            for g, r in pairs:
+                assert (g.kind, g.token_ids) == (r.kind, r.token_ids), (name, step, g.text, r.text)
+            saved[name] += sum(r.decoder_passes - g.decoder_passes for g, r in pairs[1:])
+        passes += len(ref.passes.records)
+    assert passes >= 30
+    # the drafted passes need far fewer decoder passes (the first pass of a stream has no draft)
+    assert all(v > passes for v in saved.values()), saved
+
+
+def test_final_pass_after_silence_is_one_decoder_pass():
+    """A pass over the same speech plus silence: the previous hypothesis and its end-of-text are
+    accepted in one decoder pass."""
+    from speclive.asr.passes import StreamPasses
+
+    # the full window: trimmed, tiny.en starts this clip over at its end (the loop guard's case)
+    tr = Transcriber(TranscribeConfig(model="whisper-tiny.en", method="ar"), target=tiny())
+    _, audio = clips_16k()[0]
+    passes = StreamPasses(tr)
+    first = passes.run(audio)
+    again = passes.run(np.concatenate([audio, np.zeros(SAMPLE_RATE // 5, np.float32)]), final=True)
+    assert again.token_ids == first.token_ids
+    assert passes.records[-1].decoder_passes == 1 and passes.records[-1].kind == "final"
+    assert passes.records[0].decoder_passes == len(first.token_ids) + 1
+    assert passes.records[-1].to_json().keys() >= {"decoder_passes", "tokens", "encoder_ms", "decoder_ms"}
+
+
+def test_last_speech_end():
+    from speclive.live.vad import FRAME, last_speech_end
+
+    f = FRAME / SAMPLE_RATE
+    assert last_speech_end(np.array([0.1, 0.9, 0.9, 0.2, 0.9, 0.6, 0.3, 0.1])) == 7 * f
+    assert last_speech_end(np.array([0.1, 0.2])) is None
+    assert last_speech_end(np.array([0.9, 0.9])) is None  # still speaking when the input ends

@@ -20,6 +20,7 @@ simulated lag-k prefixes; ``drive_session`` feeds a stream into an SSBD or PredG
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -161,11 +162,12 @@ class OnlineASR:
         self.buffer = np.concatenate([self.buffer, a])
         self.received += len(a) / SAMPLE_RATE
 
-    def _hypothesis(self) -> list[Word]:
+    def _hypothesis(self, final: bool = False) -> list[Word]:
         if self.gate is not None and not self.gate.has_speech(self.buffer):
             return []
         self.passes += 1
-        words = self.recognize(self.buffer)
+        final_pass = getattr(self.recognize, "final_pass", None)
+        words = final_pass(self.buffer) if final and final_pass else self.recognize(self.buffer)
         return [Word(w.text, w.start + self.offset, w.end + self.offset) for w in words]
 
     def _new_words(self, hyp: list[Word]) -> list[Word]:
@@ -182,7 +184,11 @@ class OnlineASR:
 
     def process(self, final: bool = False) -> Partial:
         st = self.state
-        new = self._new_words(self._hypothesis())
+        hyp = self._hypothesis(final)
+        if final and getattr(self.recognize, "redecides_final", False):
+            # the partials came from a smaller model: the final pass decides the whole buffer
+            st.committed = [w for w in st.committed if w.end <= self.offset + 1e-6]
+        new = self._new_words(hyp)
         if final:
             st.committed.extend(new)
             st.previous = []
@@ -223,16 +229,95 @@ def stream_file(
     yield asr.process(final=True)
 
 
-def transcriber_recognizer(transcriber: Any, loop_fallback: bool = True) -> Recognizer:
-    """A ``Recognizer`` over an ``asr.transcribe.Transcriber`` (any method); see
-    ``Transcriber.transcribe`` for ``loop_fallback``."""
+class PassRecognizer:
+    """A ``Recognizer`` over an ``asr.transcribe.Transcriber``: each streaming pass drafted by
+    the hypotheses before it (``asr.passes.StreamPasses``; ``draft=False``: plain re-decoding),
+    every pass recorded in ``passes.records``. A partial pass that loops gives the text before
+    the loop (``loop_fallback=False``); ``final_pass`` decodes a loop again over the full window.
+    When the partials run on a smaller model (``TranscribeConfig.stream_partials``), the final
+    pass re-decides the words committed within the buffer (``redecides_final``)."""
 
-    def recognize(audio: np.ndarray) -> list[Word]:
-        if transcriber.cfg.method == "faster-whisper":
-            return faster_whisper_words(transcriber, audio)
-        return spread_words(transcriber.transcribe(audio, loop_fallback=loop_fallback).text, audio)
+    def __init__(self, transcriber: Any, draft: bool = True, loop_fallback: bool = False):
+        from speclive.asr.passes import StreamPasses
 
-    return recognize
+        self.transcriber = transcriber
+        self.passes = StreamPasses(transcriber, draft=draft)
+        self.loop_fallback = loop_fallback
+        self.redecides_final = self.passes.partials is not transcriber
+
+    def _words(self, audio: np.ndarray, final: bool) -> list[Word]:
+        if self.transcriber.cfg.method == "faster-whisper":
+            return faster_whisper_words(self.transcriber, audio)
+        return spread_words(self.passes.run(audio, final=final).text, audio)
+
+    def __call__(self, audio: np.ndarray) -> list[Word]:
+        return self._words(audio, self.loop_fallback)
+
+    def final_pass(self, audio: np.ndarray) -> list[Word]:
+        return self._words(audio, True)
+
+
+def transcriber_recognizer(
+    transcriber: Any, loop_fallback: bool = True, draft: bool = True
+) -> PassRecognizer:
+    """A ``PassRecognizer`` over ``transcriber`` (any method); see ``Transcriber.transcribe``
+    for ``loop_fallback`` (of the streaming passes; the final pass always falls back)."""
+    return PassRecognizer(transcriber, draft=draft, loop_fallback=loop_fallback)
+
+
+@dataclass
+class TimedStream:
+    """A stream played at real time on a virtual clock (``stream_timed``)."""
+
+    partials: list[Partial]
+    final: Partial
+    #: input time of the end of the first silent frame after the last speech (None: no speech
+    #: end was found; the final pass then runs at the end of the input)
+    silence_t: float | None
+    #: seconds from ``silence_t`` (or the end of the input) to the final transcript
+    final_latency_s: float
+
+
+def stream_timed(
+    audio: np.ndarray,
+    recognize: Recognizer,
+    config: StreamConfig | None = None,
+    silence_t: float | None = None,
+    on_partial: Callable[[Partial], None] | None = None,
+) -> TimedStream:
+    """Play ``audio`` into an ``OnlineASR`` as it would arrive live, and time the final pass.
+
+    Audio arrives at real time in ``step_s`` steps; a streaming pass runs when its step has
+    arrived and the passes before it are done (a virtual clock that advances by the measured
+    compute, so a slow pass delays the next one). The final pass runs once the first silent
+    frame after the last speech has arrived (``silence_t``, from the VAD), over the audio up
+    to it; ``final_latency_s`` is the time from that frame to the final transcript, any pass
+    still running then included. A live pipeline does not know which pause is the last one;
+    this driver gets it from the caller, so it times the final pass alone.
+    """
+    asr = OnlineASR(recognize, config)
+    n = len(audio) if silence_t is None else max(0, min(len(audio), int(round(silence_t * SAMPLE_RATE))))
+    step = max(1, int(asr.cfg.step_s * SAMPLE_RATE))
+    clock = 0.0
+    partials: list[Partial] = []
+    fed = 0
+    for i in range(step, n, step):
+        asr.insert(audio[fed:i])
+        fed = i
+        clock = max(clock, i / SAMPLE_RATE)
+        t0 = time.perf_counter()
+        p = asr.process()
+        clock += time.perf_counter() - t0
+        partials.append(p)
+        if on_partial is not None:
+            on_partial(p)
+    asr.insert(audio[fed:n])
+    arrival = n / SAMPLE_RATE
+    clock = max(clock, arrival)
+    t0 = time.perf_counter()
+    final = asr.process(final=True)
+    clock += time.perf_counter() - t0
+    return TimedStream(partials, final, silence_t, clock - arrival)
 
 
 def faster_whisper_words(transcriber: Any, audio: np.ndarray) -> list[Word]:

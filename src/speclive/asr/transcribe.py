@@ -19,8 +19,8 @@ Segments are at most 30 s (Whisper's window); a segment whose peak level is belo
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Generator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -87,6 +87,19 @@ class TranscribeConfig:
     #: torch device of the Whisper models ("cpu", "cuda", "cuda:1"); off the CPU drafts stay
     #: float32 (``draft_int8`` is the CPU's fbgemm kernel)
     device: str = "cpu"
+    #: a pass drafted by earlier hypotheses (``transcribe(hint=...)``) drafts the words no
+    #: earlier pass heard with this method's drafter too (a separate draft model then encodes
+    #: the audio as well); False: the target decodes them one step at a time
+    stream_tail: bool = False
+    #: which model runs a stream's partial passes (``asr.passes``): "target", or "draft" (the
+    #: separate draft model in float32, decoding greedily on its own: every pass re-encodes the
+    #: window, and tiny.en's encoder costs a fraction of base's). The final pass always runs on
+    #: the target.
+    #: A self-draft (``self``/``self:N``) has no encoder of its own: "draft" then means "target"
+    stream_partials: str = "target"
+    #: LM-head vocabulary of the draft model's partial passes (the most frequent BPE ids plus
+    #: the specials): its head is most of a small decoder's step. None: the full vocabulary
+    stream_partials_vocab: int | None = 8192
 
 
 @dataclass
@@ -100,6 +113,10 @@ class SegmentResult:
 @dataclass
 class TranscribeStats:
     target_forwards: int = 0
+    #: target passes spent on the prompt alone (when it could not ride in the first step)
+    prefill_forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
     draft_forwards: int = 0
     new_tokens: int = 0
     decode_ms: float = 0.0
@@ -113,9 +130,15 @@ class TranscribeStats:
         """Tokens committed per target forward pass (prompt pass excluded)."""
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
 
+    @property
+    def decoder_passes(self) -> int:
+        """Every forward pass of the target's decoder, the prompt's included."""
+        return self.target_forwards + self.prefill_forwards
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["mean_accepted"] = self.mean_accepted
+        d["decoder_passes"] = self.decoder_passes
         return d
 
 
@@ -135,6 +158,18 @@ class Transcript:
             "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in self.segments],
             "stats": self.stats.to_dict(),
         }
+
+
+#: earlier transcripts drafting a pass: one list of token ids, or several (newest first)
+Hint = Sequence[int] | Sequence[Sequence[int]] | None
+
+
+def _hint_list(hint: Hint) -> list[list[int]]:
+    if not hint:
+        return []
+    if isinstance(hint[0], int | np.integer):
+        return [[int(t) for t in hint]]  # type: ignore[union-attr]
+    return [[int(t) for t in h] for h in hint if h]  # type: ignore[union-attr]
 
 
 def _repeat_start(ids: list[int], n: int = 4) -> int | None:
@@ -168,6 +203,8 @@ class Transcriber:
         self.cfg = cfg = config or TranscribeConfig()
         if cfg.method not in METHODS:
             raise ConfigError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
+        if cfg.stream_partials not in ("target", "draft"):
+            raise ConfigError(f"stream_partials must be 'target' or 'draft', got {cfg.stream_partials!r}")
         self._fw: Any = None
         self.target: WhisperBackend | None = None
         self.drafter: Drafter | None = None
@@ -215,17 +252,45 @@ class Transcriber:
             self.decoder = SpeculativeDecoder(self.target)
         return self.decoder
 
-    def _hinted_decoder(self, hint: list[int]) -> SpeculativeDecoder:
-        """The target drafting from an earlier transcript (``HistoryDrafter``: the hint in
-        cost-sized chunks, recycled spans of it after a divergence), verified greedily."""
+    def _hinted_decoder(self, hints: list[list[int]]) -> SpeculativeDecoder:
+        """The target drafting from earlier transcripts of (most of) the same audio
+        (``HypothesisDrafter``: their rest as a chain or tree, re-aligned after a divergence,
+        the new tail by this method's drafter when ``stream_tail``), verified greedily."""
         if not hasattr(self, "_hinted"):
-            from speclive.drafting.history import HistoryDrafter
+            from speclive.drafting.hypothesis import HypothesisDrafter
 
             assert self.target is not None
-            self._history = HistoryDrafter(recycle=True, chunked=True)
+            tail = self.drafter if self.cfg.stream_tail else None
+            self._history = HypothesisDrafter(tail=tail)
             self._hinted = SpeculativeDecoder(self.target, self._history)
-        self._history.set_history(hint)
+        assert self.target is not None
+        self._history.set_hypotheses(hints, eos=self.target.specials.eos)
         return self._hinted
+
+    def partial_transcriber(self) -> Transcriber:
+        """The transcriber of a stream's partial passes (``stream_partials``): this one, or one
+        decoding greedily on the separate draft model (loaded once, shared with the drafter)."""
+        d = self.draft_backend
+        if self.cfg.stream_partials == "target" or d is None or self.target is None:
+            return self
+        if d.context is self.target.context:
+            return self  # a self-draft: no encoder to save
+        if not hasattr(self, "_partials"):
+            # the draft's own float32 weights: its int8 layers quantize a whole batch of rows
+            # with one scale, so a verification pass would not reproduce one-token steps
+            fp32 = WhisperBackend(
+                d.model,
+                d.tokenizer,
+                d.specials,
+                name=self.cfg.draft,
+                vocab_limit=self.cfg.stream_partials_vocab,
+                audio_margin_s=d.audio_margin_s,
+            )
+            cfg = replace(
+                self.cfg, model=self.cfg.draft, method="ar", stream_tail=False, stream_partials="target"
+            )
+            self._partials = Transcriber(cfg, target=fp32)
+        return self._partials
 
     def _backends_to_encode(self) -> list[WhisperBackend]:
         out = [self.target] if self.target is not None else []
@@ -235,16 +300,15 @@ class Transcriber:
         return out  # type: ignore[return-value]
 
     # ---- transcription --------------------------------------------------------------
-    def transcribe(
-        self, audio: np.ndarray, loop_fallback: bool = True, hint: list[int] | None = None
-    ) -> Transcript:
+    def transcribe(self, audio: np.ndarray, loop_fallback: bool = True, hint: Hint = None) -> Transcript:
         """Transcribe 16 kHz mono float32 audio (see ``asr.audio.load_audio``).
 
         ``loop_fallback=False`` (streaming partials, where speed beats completeness): a
         trimmed-window segment that loops gives no text instead of a full-window decode.
         ``hint``: token ids of an earlier transcript of (most of) the same audio, e.g. the last
-        streaming pass: for a single segment they are the draft, verified greedily (the
-        transcript is the same as without the hint; only the number of passes changes).
+        streaming pass, or a list of such transcripts (newest first): for a single segment they
+        are the draft, verified greedily (the transcript is the same as without the hint; only
+        the number of passes changes).
         """
         steps = self.transcribe_steps(audio, loop_fallback, hint)
         while True:
@@ -254,7 +318,7 @@ class Transcriber:
                 return done.value
 
     def transcribe_steps(
-        self, audio: np.ndarray, loop_fallback: bool = True, hint: list[int] | None = None
+        self, audio: np.ndarray, loop_fallback: bool = True, hint: Hint = None
     ) -> Generator[None, None, Transcript]:
         """``transcribe`` one segment (up to ``max_segment_s``) at a time: yields after each
         decoded segment and returns the ``Transcript``, so a caller can interleave other work
@@ -265,13 +329,12 @@ class Transcriber:
         stats = TranscribeStats(audio_s=len(audio) / SAMPLE_RATE)
         segments: list[SegmentResult] = []
         segments_in = split_segments(audio, self.cfg.max_segment_s)
-        if len(segments_in) != 1:
-            hint = None  # a hint is one segment's transcript
+        hints = _hint_list(hint) if len(segments_in) == 1 else []  # a hint is one segment's
         for seg in segments_in:
             chunk = audio[seg.start : seg.end]
             if chunk.size == 0 or float(np.max(np.abs(chunk))) < self.cfg.silence_peak:
                 continue
-            ids, text = self._decode_segment(chunk, stats, loop_fallback, hint)
+            ids, text = self._decode_segment(chunk, stats, loop_fallback, hints)
             if text.strip():
                 segments.append(SegmentResult(seg.start_s, seg.end_s, text.strip(), ids))
             yield
@@ -282,16 +345,16 @@ class Transcriber:
         chunk: np.ndarray,
         stats: TranscribeStats,
         loop_fallback: bool = True,
-        hint: list[int] | None = None,
+        hints: list[list[int]] | None = None,
     ) -> tuple[list[int], str]:
         if self.cfg.method == "faster-whisper":
             return self._faster_whisper(chunk, stats)
         assert self.target is not None
         margin = self.target.audio_margin_s
         if margin is None:
-            return self._decode_window(chunk, stats, hint=hint)[:2]
+            return self._decode_window(chunk, stats, hints=hints)[:2]
         cap = int(len(chunk) / SAMPLE_RATE * self.cfg.loop_tokens_per_s) + 8
-        ids, text, looped = self._decode_window(chunk, stats, max_tokens=cap, stop_repeat=True, hint=hint)
+        ids, text, looped = self._decode_window(chunk, stats, max_tokens=cap, stop_repeat=True, hints=hints)
         if not looped and len(ids) < cap and _compression_ratio(text) <= self.cfg.loop_ratio:
             return ids, text
         if not loop_fallback:  # a partial: what came before the loop started, or nothing
@@ -308,15 +371,17 @@ class Transcriber:
         stats: TranscribeStats,
         max_tokens: int | None = None,
         stop_repeat: bool = False,
-        hint: list[int] | None = None,
+        hints: list[list[int]] | None = None,
     ) -> tuple[list[int], str, bool]:
         """Encode ``chunk`` and decode it; ``stop_repeat`` stops as soon as the text starts over
-        (a trimmed window's typical loop) and drops the repeat; ``hint`` drafts (see
+        (a trimmed window's typical loop) and drops the repeat; ``hints`` draft (see
         ``transcribe``). Returns (ids, text, looped)."""
         assert self.target is not None
-        if hint:
-            dec = self._hinted_decoder(hint)
-            stats.encode_ms += 1000 * self.target.set_audio(chunk)
+        if hints:
+            dec = self._hinted_decoder(hints)
+            tail = self.cfg.stream_tail and self.drafter is not None
+            for b in self._backends_to_encode() if tail else [self.target]:
+                stats.encode_ms += 1000 * b.set_audio(chunk)
         else:
             for b in self._backends_to_encode():
                 stats.encode_ms += 1000 * b.set_audio(chunk)
@@ -340,6 +405,9 @@ class Transcriber:
         finally:
             events.close()
         stats.target_forwards += st.target_forwards
+        stats.prefill_forwards += st.prefill_forwards
+        stats.drafted += st.drafted
+        stats.accepted += st.accepted
         stats.new_tokens += len(ids)
         stats.decode_ms += 1000 * st.total_s
         stats.draft_ms += 1000 * st.draft_s
@@ -384,3 +452,5 @@ class Transcriber:
             self.decoder.close()
         if hasattr(self, "_hinted"):
             self._hinted.close()
+        if hasattr(self, "_partials"):
+            self._partials.close()

@@ -119,6 +119,35 @@ def machine_info(load_avg_start: list[float] | None = None) -> dict[str, Any]:
     }
 
 
+def provenance(command: str) -> dict[str, Any]:
+    """Where a result file came from: the full commit and whether the tree was clean, the CPU
+    (model name, family, model, widest vector ISA) or GPU, the kernel, the command and when."""
+    commit, dirty = git_state()
+    full = None
+    try:
+        full = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                cwd=Path(__file__).resolve().parent,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {
+        "commit": full or commit,
+        "clean": None if dirty is None else not dirty,
+        "cpu": {"name": cpu_model(), "detail": cpu_detail()},
+        "gpu": gpu_model(),
+        "kernel": platform.release(),
+        "command": command,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
 def gpu_model() -> str | None:
     """The CUDA device's name when torch is already loaded and sees one (never imports torch)."""
     torch = sys.modules.get("torch")

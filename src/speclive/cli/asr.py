@@ -7,7 +7,7 @@ import json
 import sys
 
 from speclive.asr.transcribe import METHODS
-from speclive.cli.flags import parse_margin
+from speclive.cli.flags import add_stream_draft_flag, parse_margin
 
 
 def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,13 @@ def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
         help="a separate draft model encodes only the audio plus this many seconds "
         "('none' = Whisper's full 30 s window; the target always encodes the full window)",
     )
-    p.add_argument("--stream", action="store_true", help="stream 1 s chunks with LocalAgreement-2")
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="play the file at real time in 1 s steps (LocalAgreement-2 partials); the final pass "
+        "runs at the first silent frame after the speech",
+    )
+    add_stream_draft_flag(p)
     p.add_argument("--step", type=float, default=1.0, help="seconds per streaming step")
     p.add_argument("--vad", action="store_true", help="skip streaming passes without speech (Silero VAD)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads")
@@ -40,7 +46,6 @@ def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from speclive.asr.audio import load_audio
-    from speclive.asr.streaming import StreamConfig, stream_file, transcriber_recognizer
     from speclive.asr.transcribe import TranscribeConfig, Transcriber
 
     audio = load_audio(args.file)  # fail on bad input before loading any model
@@ -52,21 +57,11 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         threads=args.threads,
         draft_audio_margin_s=args.draft_margin,
         device=args.device,
+        stream_partials=args.stream_partials,
     )
     tr = Transcriber(cfg)
     if args.stream:
-        scfg = StreamConfig(step_s=args.step, vad=args.vad)
-        final = None
-        for part in stream_file(audio, transcriber_recognizer(tr), scfg):
-            final = part
-            if args.json:
-                print(json.dumps(part.to_json()), flush=True)
-            else:
-                tent = " ".join(w.text for w in part.tentative)
-                print(f"[{part.audio_s:6.1f}s] {part.committed_text} | {tent}", flush=True)
-        if final is not None and not args.json:
-            print(final.text)
-        return 0
+        return _stream(args, audio, tr)
     res = tr.transcribe(audio)
     if args.json:
         print(json.dumps(res.to_json()))
@@ -77,6 +72,44 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             f"[{args.method}] {s.new_tokens} tokens, {s.audio_s:.1f}s audio | decode {s.decode_ms:.0f} ms "
             f"(encode {s.encode_ms:.0f} ms) | target forwards {s.target_forwards} | draft forwards "
             f"{s.draft_forwards} | tau {s.mean_accepted:.2f}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _stream(args: argparse.Namespace, audio, tr) -> int:
+    """``--stream``: partials as the audio arrives, then one JSON object (``--json``) with the
+    text, every pass and the final pass's latency."""
+    from speclive.asr.streaming import StreamConfig, stream_timed, transcriber_recognizer
+    from speclive.live.vad import StreamingVAD, last_speech_end
+
+    silence_t = last_speech_end(StreamingVAD()(audio))
+    recognize = transcriber_recognizer(tr, draft=args.stream_draft)
+
+    def show(part) -> None:
+        if args.json:
+            print(json.dumps(part.to_json()), flush=True)
+        else:
+            tent = " ".join(w.text for w in part.tentative)
+            print(f"[{part.audio_s:6.1f}s] {part.committed_text} | {tent}", flush=True)
+
+    run = stream_timed(audio, recognize, StreamConfig(step_s=args.step, vad=args.vad), silence_t, show)
+    records = recognize.passes.records
+    if args.json:
+        out = {
+            "text": run.final.text,
+            "passes": [r.to_json() for r in records],
+            "final_latency_s": round(run.final_latency_s, 4),
+            "silence_t": None if run.silence_t is None else round(run.silence_t, 3),
+            "stream_draft": bool(args.stream_draft),
+        }
+        print(json.dumps(out), flush=True)
+    else:
+        print(run.final.text)
+        passes = sum(r.decoder_passes for r in records)
+        print(
+            f"[stream{'' if args.stream_draft else ', no draft'}] {len(records)} passes, {passes} decoder "
+            f"passes | final transcript {1000 * run.final_latency_s:.0f} ms after the first silent frame",
             file=sys.stderr,
         )
     return 0

@@ -48,6 +48,35 @@ class AsrBenchOptions:
         result=False,
     )
     plot: bool = report.plot_option()
+    stream: bool = option(
+        False,
+        "--stream",
+        help="streaming passes drafted by the previous passes against re-decoding (per pass, per "
+        "final pass, per turn); writes asr-stream-<tag>.*",
+    )
+    turns: int = option(
+        24,
+        "--turns",
+        parse=int,
+        help="--stream: multi-sentence turns of 5-20 s besides the clip sets",
+        always=True,
+    )
+    stream_methods: list[str] = option(
+        [],
+        "--stream-methods",
+        parse=str,
+        help="--stream: the methods to run (default: all of speclive.bench.asr_stream.METHODS; "
+        "ar and the plain run a method is checked against are added)",
+    )
+    asr_margin: float | None = option(
+        1.0,
+        "--asr-margin",
+        parse=parse_margin,
+        to_flag=lambda v: "none" if v is None else v,
+        help="--stream: the target encodes the audio plus this many seconds, as in the live "
+        "pipelines ('none' = Whisper's full 30 s window)",
+        always=True,
+    )
 
 
 OPTIONS = OptionSet(AsrBenchOptions)
@@ -82,6 +111,8 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(o.threads)
+    if o.stream:
+        return _stream_bench(o)
     result = run_asr_bench(
         o.model,
         o.draft,
@@ -120,4 +151,44 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
     for p in paths:
         print(f"wrote {p}", file=sys.stderr)
     print(markdown(result))
+    return 0
+
+
+def _stream_bench(o: AsrBenchOptions) -> int:
+    from speclive.bench import asr_stream
+    from speclive.bench.asr import clips_from, librivox_clips, piper_clips
+    from speclive.bench.report import machine_info, provenance, write_result_files
+
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    if o.clips is not None:
+        clips = clips_from(o.clips)
+    else:
+        clips = librivox_clips() + piper_clips(o.piper) + asr_stream.multi_sentence_turns(o.turns)
+    clips = [asr_stream.with_trailing_silence(c) for c in clips]
+    log(f"{len(clips)} turns, {sum(c.seconds for c in clips):.0f} s of audio")
+    transcribers = asr_stream.load_transcribers(o.model, o.draft, o.asr_margin, o.threads)
+    transcribers["ar"][0].transcribe(clips[0].audio)  # warm-up: lazy set-up stays out of the figures
+    result = asr_stream.run_stream_bench(
+        clips, transcribers, methods=asr_stream.with_references(o.stream_methods), log=log
+    )
+    command = OPTIONS.command(["speclive", "bench", "asr"], o)
+    result["provenance"] = provenance(command)
+    result["header"] = {
+        "machine": machine_info(),
+        "models": {"target": o.model, "draft": o.draft},
+        "settings": {
+            "precision": "fp32 target, int8 draft decoder",
+            "torch_threads": __import__("torch").get_num_threads(),
+            "window": "full 30 s" if o.asr_margin is None else f"audio + {o.asr_margin:g} s",
+            "step_s": 1.0,
+            "decoding": "greedy, no timestamps; streaming passes keep the text before a loop",
+        },
+        "command": command,
+    }
+    paths = write_result_files(
+        result, o.out, f"asr-stream-{o.tag}", asr_stream.markdown, asr_stream.plot if o.plot else None
+    )
+    for p in paths:
+        print(f"wrote {p}", file=sys.stderr)
+    print(asr_stream.markdown(result))
     return 0

@@ -64,6 +64,24 @@ class Flag:
     to_flag: Callable[[Any], Any] | None = None
 
 
+def add_stream_draft_flag(parser: argparse.ArgumentParser) -> None:
+    """``--no-stream-draft``: streaming transcription passes decode from scratch (the baseline)."""
+    parser.add_argument(
+        "--no-stream-draft",
+        dest="stream_draft",
+        action="store_false",
+        help="decode every streaming transcription pass from scratch instead of drafting it with "
+        "the previous passes' hypotheses (the baseline; the transcripts are the same)",
+    )
+    parser.add_argument(
+        "--stream-partials",
+        choices=("target", "draft"),
+        default="target",
+        help="the model of the streaming partial passes: the Whisper target, or the draft "
+        "(tiny.en: less CPU per pass, rougher partials; the final pass stays on the target)",
+    )
+
+
 def option(
     default: Any,
     flag: str,

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from speclive.cli.flags import parse_margin
+from speclive.cli.flags import add_stream_draft_flag, parse_margin
 from speclive.errors import ConfigError
 
 
@@ -38,6 +38,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="seconds of audio context beyond the speech the "
         "target encodes ('none' = Whisper's full 30 s window)",
     )
+    add_stream_draft_flag(p)
     p.add_argument("--end-silence", type=float, default=0.5, help="silence (s) that ends a turn")
     p.add_argument(
         "--pause", type=float, default=0.2, help="silence (s) after which speculative final work starts"
@@ -161,6 +162,8 @@ def cmd_live(args: argparse.Namespace) -> int:
             asr_model=args.asr_model,
             asr_draft=args.asr_draft,
             asr_margin_s=args.asr_margin,
+            stream_draft=args.stream_draft,
+            stream_partials=args.stream_partials,
             voice=None if args.no_tts else args.voice,
             need_llm=args.kind != "transcribe",
         )

@@ -15,6 +15,7 @@ GRACEFUL_S = 30
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    from speclive.cli.flags import add_stream_draft_flag
     from speclive.cli.generate import add_engine_args
     from speclive.engines.options import add_engine_options
 
@@ -68,6 +69,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds between returns of freed heap memory to the OS (0: never)",
     )
     p.add_argument("--lazy", action="store_true", help="load each model on first use, not at startup")
+    add_stream_draft_flag(p)
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=cmd_serve)
 
@@ -97,6 +99,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         asr_model=args.asr_model,
         asr_draft=args.asr_draft,
         asr_method=args.asr_method,
+        stream_draft=args.stream_draft,
+        stream_partials=args.stream_partials,
         tts_voice=args.voice,
         api_key=args.api_key,
         max_sessions=args.max_sessions,

@@ -31,6 +31,11 @@ class LiveModelsConfig:
     #: is a few seconds: 3-4x faster; a looping transcript falls back to the full window).
     #: None: the full window
     asr_margin_s: float | None = 1.0
+    #: draft each transcription pass with the previous passes' hypotheses (False: decode
+    #: every pass from scratch, the baseline; the transcripts are the same)
+    stream_draft: bool = True
+    #: the model of the streaming partial passes: "target" or "draft" (``TranscribeConfig``)
+    stream_partials: str = "target"
     #: Piper voice; None: no speech output
     voice: str | None = "piper-joe-medium"
     #: what to load: an LLM is not needed to transcribe
@@ -80,6 +85,7 @@ def load_live_models(cfg: LiveModelsConfig | None = None) -> LiveModels:
             draft=cfg.asr_draft,
             threads=cfg.threads,
             target_audio_margin_s=cfg.asr_margin_s,
+            stream_partials=cfg.stream_partials,
         )
     )
     llm = None
@@ -120,7 +126,7 @@ def make_pipeline(
     """
     if kind not in KINDS:
         raise ConfigError(f"invalid pipeline {kind!r}; allowed values: {', '.join(KINDS)}")
-    live = LiveConfig(turn=turn or TurnConfig(), asr_step_s=asr_step_s)
+    live = LiveConfig(turn=turn or TurnConfig(), asr_step_s=asr_step_s, stream_draft=models.cfg.stream_draft)
     if kind == "transcribe":
         from speclive.live.transcriber import LiveTranscriber
 

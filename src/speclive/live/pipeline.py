@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from speclive.asr.audio import SAMPLE_RATE, to_mono_16k
+from speclive.asr.passes import StreamPasses
 from speclive.asr.streaming import OnlineASR, StreamConfig, Word, spread_words
 from speclive.errors import ConfigError
 from speclive.live.clock import Clock, WallClock
@@ -49,6 +50,9 @@ class LiveConfig:
     partials: bool = True
     #: compute the turn's final transcript at a pause, before the end of turn is certain
     early_final: bool = True
+    #: draft every transcription pass of a turn with the hypotheses of the passes before it
+    #: (off: each pass decodes from scratch; the transcripts are the same)
+    stream_draft: bool = True
 
 
 def as_mono_16k(chunk: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -69,7 +73,7 @@ class _Turn:
     audio: list[np.ndarray] = field(default_factory=list)
     asr: OnlineASR | None = None
     fed_s: float = 0.0  # audio handed to the streaming ASR (seconds of the turn)
-    last_ids: list[int] = field(default_factory=list)  # tokens of the last streaming pass
+    passes: StreamPasses | None = None  # the turn's transcription passes (drafted by each other)
     partial: str = ""
     final: str | None = None  # the final transcript (set at a pause or at the end)
     final_audio_s: float = 0.0  # turn audio the final transcript covers
@@ -162,6 +166,7 @@ class LivePipeline:
             turn.audio.append(held[skip:])
             turn.audio_start_t = (held_start + skip) / SAMPLE_RATE
             self.recent = []
+            turn.passes = StreamPasses(self.transcriber, draft=self.cfg.stream_draft)
             if self.cfg.partials:
                 turn.asr = OnlineASR(self._recognizer(turn), StreamConfig(buffer_s=25.0))
             self.turn = turn
@@ -209,14 +214,13 @@ class LivePipeline:
         return self._work(deadline)
 
     def _recognizer(self, turn: _Turn):
-        """Streaming passes: each drafts from the previous pass's tokens (the same audio and a
-        little more: most of it is accepted in a few passes), and a pass that loops is skipped
-        rather than decoded again over Whisper's full window."""
+        """Streaming passes: each drafted by the hypotheses of the passes before it (the same
+        audio and a little more: most of it is accepted in one decoder pass), and a pass that
+        loops is skipped rather than decoded again over Whisper's full window."""
 
         def recognize(audio: np.ndarray) -> list[Word]:
-            tr = self.transcriber.transcribe(audio, loop_fallback=False, hint=turn.last_ids or None)
-            turn.last_ids = list(getattr(tr, "token_ids", []) or [])
-            return spread_words(tr.text, audio)
+            assert turn.passes is not None
+            return spread_words(turn.passes.run(audio).text, audio)
 
         return recognize
 
@@ -258,8 +262,8 @@ class LivePipeline:
         t0 = time.perf_counter()
         cut = turn.speech_end_t + self.cfg.turn.pause_s
         audio = turn.samples()[: max(0, int(round((cut - turn.audio_start_t) * SAMPLE_RATE)))]
-        hint = turn.last_ids or None  # the last streaming pass heard nearly the same audio
-        text = self.transcriber.transcribe(audio, hint=hint).text.strip() if audio.size else ""
+        assert turn.passes is not None  # the streaming passes heard nearly the same audio
+        text = turn.passes.run(audio, final=True).text.strip() if audio.size else ""
         self._charge(turn, "asr", time.perf_counter() - t0)
         turn.asr_passes += 1
         turn.final, turn.final_audio_s = " ".join(text.split()), len(audio) / SAMPLE_RATE

@@ -149,3 +149,19 @@ class TurnDetector:
     def _end(self) -> None:
         self.in_turn = self.paused = False
         self.voiced_run = 0.0
+
+
+def last_speech_end(probs: np.ndarray, config: TurnConfig | None = None) -> float | None:
+    """Input time at which the first silent frame after the last speech has arrived (the end of
+    that frame), by ``TurnDetector``'s thresholds: after the last frame at or above
+    ``threshold``, the first frame below ``threshold - 0.15``. None when no speech was heard or
+    the input ends before such a frame."""
+    cfg = config or TurnConfig()
+    p = np.asarray(probs, dtype=np.float32)
+    voiced = np.nonzero(p >= cfg.threshold)[0]
+    if voiced.size == 0:
+        return None
+    quiet = np.nonzero(p[voiced[-1] + 1 :] < cfg.threshold - 0.15)[0]
+    if quiet.size == 0:
+        return None
+    return float((voiced[-1] + 1 + quiet[0] + 1) * FRAME / SAMPLE_RATE)

@@ -48,6 +48,11 @@ class ServerConfig:
     tts_voice: str = "piper-joe-medium"
     #: seconds of audio per pass of a streaming transcription (``stream=true``)
     asr_step_s: float = 1.0
+    #: draft each streaming transcription pass with the previous passes' hypotheses (False:
+    #: every pass decodes from scratch; the transcripts are the same)
+    stream_draft: bool = True
+    #: the model of the streaming partial passes: "target" or "draft" (``TranscribeConfig``)
+    stream_partials: str = "target"
 
     # ---- access and limits -------------------------------------------------------------
     #: when set, every endpoint but ``/health`` needs ``Authorization: Bearer <api_key>``

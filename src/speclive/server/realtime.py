@@ -700,7 +700,12 @@ async def _live_models(svc: Any) -> tuple[LiveModels, str]:
     with contextlib.suppress(APIError):
         tts = getattr(await svc.engine("speech"), "tts", None)
     transcriber = await svc.live_whisper()
-    mcfg = LiveModelsConfig(model=chat.name, asr_model=svc.config.asr_model, asr_draft=svc.config.asr_draft)
+    mcfg = LiveModelsConfig(
+        model=chat.name,
+        asr_model=svc.config.asr_model,
+        asr_draft=svc.config.asr_draft,
+        stream_draft=svc.config.stream_draft,
+    )
     return LiveModels(mcfg, transcriber, chat.backend, tts), chat.name
 
 

@@ -26,16 +26,21 @@ def speakable(text: str) -> str:
 
 
 class SpeechToText:
-    def __init__(self, transcriber: Transcriber, name: str | None = None):
+    def __init__(self, transcriber: Transcriber, name: str | None = None, stream_draft: bool = True):
         self.transcriber = transcriber
         self.name = name or transcriber.cfg.model
+        self.stream_draft = stream_draft
 
     @classmethod
     def load(cls, config: ServerConfig) -> SpeechToText:
         cfg = TranscribeConfig(
-            model=config.asr_model, draft=config.asr_draft, method=config.asr_method, threads=config.threads
+            model=config.asr_model,
+            draft=config.asr_draft,
+            method=config.asr_method,
+            threads=config.threads,
+            stream_partials=config.stream_partials,
         )
-        return cls(Transcriber(cfg))
+        return cls(Transcriber(cfg), stream_draft=config.stream_draft)
 
     def transcribe(self, audio: np.ndarray) -> Transcript:
         return self.transcriber.transcribe(audio)
@@ -48,7 +53,8 @@ class SpeechToText:
 
     def stream(self, audio: np.ndarray, step_s: float = 1.0) -> Iterator[Partial]:
         """Partials as if ``audio`` arrived live in ``step_s`` chunks (one pass per item)."""
-        return stream_file(audio, transcriber_recognizer(self.transcriber), StreamConfig(step_s=step_s))
+        recognize = transcriber_recognizer(self.transcriber, draft=self.stream_draft)
+        return stream_file(audio, recognize, StreamConfig(step_s=step_s))
 
 
 class TextToSpeech:
