@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from speclive.bench.asr import Clip
+from speclive.bench.datasets import mtbench_questions
 from speclive.bench.report import _pyplot, markdown_preamble, md_table, word_error_rate
 
 METHODS = (
@@ -63,7 +64,6 @@ def multi_sentence_turns(n: int, voice: str = "piper-joe-medium", seed: int = 0)
     """``n`` turns of 2-5 MT-Bench sentences in one voice (about 5-20 s), the sentences joined
     by 0.15-0.35 s of silence (shorter than the live pipeline's pause, so one turn)."""
     from speclive.asr.audio import to_mono_16k
-    from speclive.bench.datasets import mtbench_questions
     from speclive.tts.piper import PiperTTS
     from speclive.tts.sentences import split_sentences
 
