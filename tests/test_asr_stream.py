@@ -6,6 +6,7 @@ import functools
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from asr_fixtures import clips_16k, tiny
 
 from speclive.asr.audio import SAMPLE_RATE
@@ -21,6 +22,7 @@ from speclive.asr.streaming import (
     transcriber_recognizer,
 )
 from speclive.asr.transcribe import TranscribeConfig, Transcriber
+from speclive.errors import ConfigError
 
 TEXT = "one two three four five six seven eight".split()
 
@@ -181,3 +183,33 @@ def test_last_speech_end():
     assert last_speech_end(np.array([0.1, 0.9, 0.9, 0.2, 0.9, 0.6, 0.3, 0.1])) == 7 * f
     assert last_speech_end(np.array([0.1, 0.2])) is None
     assert last_speech_end(np.array([0.9, 0.9])) is None  # still speaking when the input ends
+
+
+def test_partials_on_the_draft_model_draft_the_final_pass():
+    """``stream_partials="draft"``: the partial passes run on the draft model's float32 weights
+    (its own tokenizer object: hypotheses are re-tokenized through text for the target), the
+    final pass on the target gives exactly the target's plain transcript of the same audio."""
+    from speclive.asr.passes import StreamPasses
+
+    cfg = TranscribeConfig(
+        model="whisper-tiny.en", method="specasr", draft="whisper-tiny.en", stream_partials="draft"
+    )
+    tr = Transcriber(cfg, target=tiny())
+    small = tr.partial_transcriber()
+    assert small is not tr and small.target.tokenizer is not tr.target.tokenizer
+    assert "/v8192" in small.target.name and tr.partial_transcriber("target") is tr
+    _, audio = clips_16k()[1]
+    passes = StreamPasses(tr)
+    assert passes.partials is small
+    for end in (1.5, 3.0):
+        passes.run(audio[: int(end * SAMPLE_RATE)])
+    final = passes.run(audio, final=True)
+    plain = Transcriber(TranscribeConfig(model="whisper-tiny.en", method="ar"), target=tiny()).transcribe(
+        audio
+    )
+    assert final.token_ids == plain.token_ids
+    kinds = [(r.kind, r.model) for r in passes.records]
+    assert kinds[0][1] == small.target.name and kinds[-1] == ("final", tr.target.name)
+    assert passes.records[-1].accepted > 0 and passes.records[-1].decoder_passes < len(plain.token_ids)
+    with pytest.raises(ConfigError):
+        tr.partial_transcriber("tiny")

@@ -30,6 +30,7 @@ from speclive.asr.whisper import WhisperBackend, load_whisper
 from speclive.asr.whisper_bridge import WhisperBridge
 from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder
 from speclive.drafting.base import Drafter
+from speclive.drafting.hypothesis import HypothesisDrafter
 from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter
 from speclive.errors import ConfigError
 
@@ -257,8 +258,6 @@ class Transcriber:
         (``HypothesisDrafter``: their rest as a chain or tree, re-aligned after a divergence,
         the new tail by this method's drafter when ``stream_tail``), verified greedily."""
         if not hasattr(self, "_hinted"):
-            from speclive.drafting.hypothesis import HypothesisDrafter
-
             assert self.target is not None
             tail = self.drafter if self.cfg.stream_tail else None
             self._history = HypothesisDrafter(tail=tail)
@@ -267,11 +266,15 @@ class Transcriber:
         self._history.set_hypotheses(hints, eos=self.target.specials.eos)
         return self._hinted
 
-    def partial_transcriber(self) -> Transcriber:
-        """The transcriber of a stream's partial passes (``stream_partials``): this one, or one
-        decoding greedily on the separate draft model (loaded once, shared with the drafter)."""
+    def partial_transcriber(self, which: str | None = None) -> Transcriber:
+        """The transcriber of a stream's partial passes (``which``, default ``stream_partials``):
+        this one, or one decoding greedily on the separate draft model's weights (loaded once,
+        shared with the drafter)."""
+        which = which or self.cfg.stream_partials
+        if which not in ("target", "draft"):
+            raise ConfigError(f"stream_partials must be 'target' or 'draft', got {which!r}")
         d = self.draft_backend
-        if self.cfg.stream_partials == "target" or d is None or self.target is None:
+        if which == "target" or d is None or self.target is None:
             return self
         if d.context is self.target.context:
             return self  # a self-draft: no encoder to save

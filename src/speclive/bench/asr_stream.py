@@ -61,8 +61,9 @@ SAMPLE_RATE = 16_000
 
 # ---- clips ----------------------------------------------------------------------------------
 def multi_sentence_turns(n: int, voice: str = "piper-joe-medium", seed: int = 0) -> list[Clip]:
-    """``n`` turns of 2-5 MT-Bench sentences in one voice (about 5-20 s), the sentences joined
-    by 0.15-0.35 s of silence (shorter than the live pipeline's pause, so one turn)."""
+    """``n`` turns of MT-Bench sentences in one voice, the sentences joined by 0.15-0.35 s of
+    silence (shorter than the live pipeline's pause, so one turn): sentences are added while the
+    turn is shorter than a length drawn from 5-20 s, so the last one may carry it past 20 s."""
     from speclive.asr.audio import to_mono_16k
     from speclive.tts.piper import PiperTTS
     from speclive.tts.sentences import split_sentences
@@ -412,20 +413,31 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def plot(path: Path, result: dict[str, Any]) -> Path:
+    """Left: encoder and decoder milliseconds per streaming pass, stacked, per method. Right:
+    the final transcript's latency after the first silent frame, as a share of turns."""
     plt = _pyplot()
     methods = result["methods"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.4))
     s = {r["method"]: r for r in result["summary"]}
-    a.bar(methods, [s[m]["partial_dec_passes"] for m in methods], color="#4c72b0")
-    a.set_title("decoder passes per streaming pass")
-    a.tick_params(axis="x", rotation=20)
+    x = np.arange(len(methods))
+    enc = [s[m]["partial_enc_ms"] for m in methods]
+    dec = [s[m]["partial_dec_ms"] for m in methods]
+    a.bar(x, enc, color="#8172b2", label="encoder")
+    a.bar(x, dec, bottom=enc, color="#4c72b0", label="decoder")
+    a.set_xticks(x, methods, rotation=25, ha="right", fontsize=8)
+    a.set_ylabel("ms per streaming pass")
+    a.set_title("one streaming pass")
+    a.legend(fontsize=8)
     for m in methods:
         lat = sorted(1000 * r["runs"][m]["final_latency_s"] for r in result["rows"])
-        b.plot(lat, np.linspace(0, 1, len(lat)), label=m)
+        b.plot(lat, np.arange(1, len(lat) + 1) / len(lat), label=m)
     b.axvline(150, color="grey", ls="--", lw=1)
+    b.text(160, 0.95, "150 ms", color="grey", fontsize=8)
+    b.set_xlim(0, 2000)
     b.set_xlabel("final transcript after the first silent frame (ms)")
     b.set_ylabel("share of turns")
-    b.legend(fontsize=8)
+    b.set_title("the final pass")
+    b.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from speclive.bench import report
+from speclive.bench.asr_stream import paired_ratio
 from speclive.bench.datasets import mtbench_questions
 from speclive.bench.exactness import ar_logit_gap, first_divergence
 from speclive.bench.ssbd import _quality, bench_sentences
@@ -54,7 +55,8 @@ class LiveBenchOptions:
         CHAT_METHODS,
         "--methods",
         help="chat: predgen, predgen:topk:K, cascade, prefill, preemptive (default: predgen and the "
-        "three baselines); translate: ssbd, ar, cascade",
+        "three baselines), each optionally with a streaming-ASR variant: /no-stream-draft, "
+        "/draft-partials; translate: ssbd, ar, cascade",
         always=True,
     )
     voices: Sequence[str] = option(VOICES, "--voices", help="piper, espeak", always=True)
@@ -209,6 +211,22 @@ def _rotated(methods: Sequence[str], n: int) -> list[str]:
     return list(methods[k:]) + list(methods[:k])
 
 
+#: a method's streaming-ASR suffix (``predgen/no-stream-draft``) -> make_pipeline's settings
+ASR_VARIANTS = {
+    "": {},
+    "no-stream-draft": {"stream_draft": False},
+    "draft-partials": {"stream_partials": "draft"},
+}
+
+
+def _asr_variant(method: str) -> tuple[str, dict[str, Any]]:
+    """``predgen/draft-partials`` -> (``predgen``, its streaming-ASR settings)."""
+    base, _, variant = method.partition("/")
+    if variant not in ASR_VARIANTS:
+        raise ValueError(f"unknown ASR variant {variant!r} in {method!r}; known: {', '.join(ASR_VARIANTS)}")
+    return base, ASR_VARIANTS[variant]
+
+
 def _mode_and_verifier(method: str) -> tuple[str, str]:
     """``predgen`` / ``predgen:topk:3`` / a baseline name -> (pipeline mode, verifier)."""
     if method.startswith("predgen"):
@@ -266,7 +284,8 @@ def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = pri
     for n, s in enumerate(samples):
         for method in _rotated(opts.methods, n):
             bar.set_postfix_str(f"q{s['id']} {s['voice']} {method}")
-            mode, verifier = _mode_and_verifier(method)
+            base, asr = _asr_variant(method)
+            mode, verifier = _mode_and_verifier(base)
             pcfg = PredGenConfig(
                 verifier=verifier,
                 max_tokens=opts.max_tokens,
@@ -274,7 +293,9 @@ def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = pri
                 speak_rest=False,
                 first_clause_words=opts.first_clause_words,
             )
-            pipe = make_pipeline("chat", models, mode=mode, clock=VirtualClock(), turn=turn, predgen=pcfg)
+            pipe = make_pipeline(
+                "chat", models, mode=mode, clock=VirtualClock(), turn=turn, predgen=pcfg, **asr
+            )
             res = play(pipe, s["audio"])
             turns = [e for e in res.events if e.type == "turn_metrics"]
             answers = pipe.answers  # type: ignore[attr-defined]
@@ -433,6 +454,15 @@ def summarize_chat(records: list[dict[str, Any]], methods: Sequence[str]) -> lis
         # no answer plays before the end of turn is detected: a method's own end-of-turn delay
         # is the least latency it could have, so baseline / that delay bounds its ratio
         eot = {(r["id"], r["voice"]): r["eot_delay_s"] for r in ok if r["method"] == m and "eot_delay_s" in r}
+        base_m = m.partition("/")[0]
+        if base_m != m and base_m in methods:  # an ASR variant: its ASR seconds against the base's
+            asr = {
+                mm: {(r["id"], r["voice"]): r["asr_s"] for r in ok if r["method"] == mm and "asr_s" in r}
+                for mm in (m, base_m)
+            }
+            both = [k for k in full if k in asr[m] and k in asr[base_m]]
+            row["asr_vs_base"] = paired_ratio([asr[base_m][k] for k in both], [asr[m][k] for k in both])
+            row["latency_vs_base"] = paired_ratio([lat[base_m][k] for k in both], [lat[m][k] for k in both])
         for b in BASELINES:
             if b in lat and b != m:
                 base_vals = [lat[b][k] for k in full]
@@ -448,6 +478,12 @@ def _ci(v: Any) -> str:
     if not v or v[0] is None:
         return "–"
     return f"{v[0]:.2f}× [{v[1]:.2f}, {v[2]:.2f}]"
+
+
+def _ratio_text(d: dict[str, Any]) -> str:
+    if d.get("median") is None:
+        return "–"
+    return f"{d['median']:.2f} [{d['lo']:.2f}, {d['hi']:.2f}] (gm {d['geomean']:.2f})"
 
 
 def chat_markdown(result: dict[str, Any]) -> str:
@@ -475,6 +511,19 @@ def chat_markdown(result: dict[str, Any]) -> str:
             f"{r['identical']} / {r['near_ties']} / {r['bugs']} ({r['compared']}) | {100 * r['wer']:.1f} % | "
             f"{r['max_lag_s']:.2f} | {r['llm_s']:.2f} | {r['asr_s']:.2f} |"
         )
+    variants = [r for r in result["summary"] if r.get("asr_vs_base")]
+    if variants:
+        lines += [
+            "",
+            "Streaming-ASR variants against the same method with the default ASR: the median of "
+            "per-sample ratios (variant / default) with its 95 % bootstrap interval and geometric mean:",
+            "",
+            "| method | ASR seconds per turn | latency |",
+            "|---|---|---|",
+        ]
+        for r in variants:
+            a, b = (_ratio_text(r[k]) for k in ("asr_vs_base", "latency_vs_base"))
+            lines.append(f"| {r['method']} | {a} | {b} |")
     lines += ["", "Lower latency, as a ratio (baseline / method), paired bootstrap 95 % CI:", ""]
     lines += [
         "| method | vs cascade (median) | vs cascade (p90) | vs prefill (median) | vs preemptive (median) |"

@@ -12,6 +12,13 @@ from speclive.bench import report
 from speclive.cli.flags import OptionSet, option, parse_margin
 
 
+def _margin(flag: str, help: str) -> Any:
+    """A seconds-of-audio margin option (default 1 s; 'none' on the command line is None)."""
+    return option(
+        1.0, flag, parse=parse_margin, to_flag=lambda v: "none" if v is None else v, help=help, always=True
+    )
+
+
 @dataclass
 class AsrBenchOptions:
     """Settings of ``bench asr``; each field is its command-line option (``speclive.cli.flags``)."""
@@ -24,14 +31,10 @@ class AsrBenchOptions:
         "self:2", "--self-draft", help="also run a shallow self-draft ('' = skip)", always=True
     )
     piper: int = option(5, "--piper", parse=int, help="Piper-synthesized MT-Bench sentences", always=True)
-    draft_margin: float | None = option(
-        1.0,
+    draft_margin: float | None = _margin(
         "--draft-margin",
-        parse=parse_margin,
-        to_flag=lambda v: "none" if v is None else v,
-        help="also run rows with the draft encoding only the audio plus this many seconds "
+        "also run rows with the draft encoding only the audio plus this many seconds "
         "('none' = skip those rows)",
-        always=True,
     )
     out: Path = report.out_option()
     tag: str | None = option(None, "--tag", help="result file stem suffix (default: <model>)", always=True)
@@ -68,14 +71,10 @@ class AsrBenchOptions:
         help="--stream: the methods to run (default: all of speclive.bench.asr_stream.METHODS; "
         "ar and the plain run a method is checked against are added)",
     )
-    asr_margin: float | None = option(
-        1.0,
+    asr_margin: float | None = _margin(
         "--asr-margin",
-        parse=parse_margin,
-        to_flag=lambda v: "none" if v is None else v,
-        help="--stream: the target encodes the audio plus this many seconds, as in the live "
+        "--stream: the target encodes the audio plus this many seconds, as in the live "
         "pipelines ('none' = Whisper's full 30 s window)",
-        always=True,
     )
 
 
@@ -166,15 +165,17 @@ def _stream_bench(o: AsrBenchOptions) -> int:
         clips = librivox_clips() + piper_clips(o.piper) + asr_stream.multi_sentence_turns(o.turns)
     clips = [asr_stream.with_trailing_silence(c) for c in clips]
     log(f"{len(clips)} turns, {sum(c.seconds for c in clips):.0f} s of audio")
+    command = OPTIONS.command(["speclive", "bench", "asr"], o)
+    # read before the run: the tree's state then is the code that runs
+    prov, machine = provenance(command), machine_info()
     transcribers = asr_stream.load_transcribers(o.model, o.draft, o.asr_margin, o.threads)
     transcribers["ar"][0].transcribe(clips[0].audio)  # warm-up: lazy set-up stays out of the figures
     result = asr_stream.run_stream_bench(
         clips, transcribers, methods=asr_stream.with_references(o.stream_methods), log=log
     )
-    command = OPTIONS.command(["speclive", "bench", "asr"], o)
-    result["provenance"] = provenance(command)
+    result["provenance"] = prov
     result["header"] = {
-        "machine": machine_info(),
+        "machine": machine,
         "models": {"target": o.model, "draft": o.draft},
         "settings": {
             "precision": "fp32 target, int8 draft decoder",

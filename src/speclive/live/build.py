@@ -116,17 +116,25 @@ def make_pipeline(
     retranslate=None,
     asr_step_s: float = 1.0,
     speak: bool | None = None,
+    stream_draft: bool | None = None,
+    stream_partials: str | None = None,
 ) -> LivePipeline:
     """A pipeline of ``kind`` (chat | translate | transcribe) over loaded ``models``.
 
     ``mode``: for chat ``predgen`` (default) | cascade | prefill | preemptive; for translate
     ``ssbd`` (default) | ar | cascade. ``predgen``/``retranslate``: their session configs.
     ``speak``: synthesize the answer (chat, default on) or the finished translated sentences
-    (translate, default off: the bundled voice speaks English).
+    (translate, default off: the bundled voice speaks English). ``stream_draft`` /
+    ``stream_partials``: the streaming ASR's settings for this pipeline (None: the models').
     """
     if kind not in KINDS:
         raise ConfigError(f"invalid pipeline {kind!r}; allowed values: {', '.join(KINDS)}")
-    live = LiveConfig(turn=turn or TurnConfig(), asr_step_s=asr_step_s, stream_draft=models.cfg.stream_draft)
+    live = LiveConfig(
+        turn=turn or TurnConfig(),
+        asr_step_s=asr_step_s,
+        stream_draft=models.cfg.stream_draft if stream_draft is None else stream_draft,
+        stream_partials=stream_partials,
+    )
     if kind == "transcribe":
         from speclive.live.transcriber import LiveTranscriber
 

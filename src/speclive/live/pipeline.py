@@ -53,6 +53,9 @@ class LiveConfig:
     #: draft every transcription pass of a turn with the hypotheses of the passes before it
     #: (off: each pass decodes from scratch; the transcripts are the same)
     stream_draft: bool = True
+    #: the model of the streaming partial passes, "target" or "draft" (None: the transcriber's
+    #: own ``stream_partials``)
+    stream_partials: str | None = None
 
 
 def as_mono_16k(chunk: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -166,7 +169,10 @@ class LivePipeline:
             turn.audio.append(held[skip:])
             turn.audio_start_t = (held_start + skip) / SAMPLE_RATE
             self.recent = []
-            turn.passes = StreamPasses(self.transcriber, draft=self.cfg.stream_draft)
+            partials = None
+            if self.cfg.stream_partials is not None:
+                partials = self.transcriber.partial_transcriber(self.cfg.stream_partials)
+            turn.passes = StreamPasses(self.transcriber, draft=self.cfg.stream_draft, partials=partials)
             if self.cfg.partials:
                 turn.asr = OnlineASR(self._recognizer(turn), StreamConfig(buffer_s=25.0))
             self.turn = turn
