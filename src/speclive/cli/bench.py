@@ -301,6 +301,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         CHAT_METHODS,
         TRANSLATE_METHODS,
         VOICES,
+        _asr_variant,
         chat_markdown,
         run_live_chat_bench,
         run_live_translate_bench,
@@ -315,7 +316,11 @@ def cmd_live(args: argparse.Namespace) -> int:
     opts.methods = opts.methods or list(CHAT_METHODS if chat else TRANSLATE_METHODS)
     allowed = ("predgen", "cascade", "prefill", "preemptive") if chat else TRANSLATE_METHODS
     for m in opts.methods:
-        if m.split(":")[0] not in allowed:
+        try:
+            base = _asr_variant(m)[0] if chat else m
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        if base.split(":")[0] not in allowed:
             raise ConfigError(
                 f"invalid method {m!r} for --pipeline {opts.pipeline}; allowed: {', '.join(allowed)}"
             )
