@@ -223,7 +223,8 @@ def _asr_variant(method: str) -> tuple[str, dict[str, Any]]:
     """``predgen/draft-partials`` -> (``predgen``, its streaming-ASR settings)."""
     base, _, variant = method.partition("/")
     if variant not in ASR_VARIANTS:
-        raise ValueError(f"unknown ASR variant {variant!r} in {method!r}; known: {', '.join(ASR_VARIANTS)}")
+        known = ", ".join(f"/{v}" for v in ASR_VARIANTS if v)
+        raise ValueError(f"unknown ASR variant {variant!r} in {method!r}; known: {known}")
     return base, ASR_VARIANTS[variant]
 
 

@@ -46,9 +46,6 @@ class HypothesisDrafter(Drafter):
         self.hypotheses: list[list[int]] = []
         self._start = 0
         self._from_tail = False
-        #: per generation: tokens proposed from the hypotheses / from the tail drafter
-        self.drafted_previous = 0
-        self.drafted_tail = 0
 
     def set_hypotheses(self, hypotheses: Sequence[Sequence[int]], eos: int | None = None) -> None:
         """The earlier passes' token ids (newest first, without end-of-text); ``eos`` is
@@ -66,7 +63,6 @@ class HypothesisDrafter(Drafter):
         super().start(target, context)
         self._start = len(context)
         self._from_tail = False
-        self.drafted_previous = self.drafted_tail = 0
         if self.tail is not None:
             self.tail.start(target, context)
 
@@ -113,15 +109,11 @@ class HypothesisDrafter(Drafter):
             branch = DraftTree.chain(tokens, source=source)
             tree = branch if not tree.tokens else tree.merge(branch)
         if tree.tokens:
-            tree = tree.truncated(budget)
-            self.drafted_previous += len(tree.tokens)
-            return tree
+            return tree.truncated(budget)
         if self.tail is None:
             return DraftTree()
         self._from_tail = True
-        tree = self.tail.propose(context, budget)
-        self.drafted_tail += len(tree.tokens)
-        return tree
+        return self.tail.propose(context, budget)
 
     def feedback(self, step: StepFeedback) -> None:
         if self._from_tail and self.tail is not None:
