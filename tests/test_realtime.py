@@ -429,3 +429,26 @@ def test_web_page_voice_chat_in_chromium(rt, tmp_path):
         assert int(drv.execute_script("return document.body.dataset.audioDeltas || 0")) > 0
     finally:
         drv.quit()
+
+
+def test_cross_origin_pages_are_refused(rt):
+    """A browser page from another site cannot open the realtime socket (403 before the
+    handshake); the server's own page and clients without an Origin header can."""
+    from websockets.exceptions import InvalidStatus
+
+    from speclive.server.realtime import origin_allowed
+
+    url, _audio, _app = rt
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with pytest.raises(InvalidStatus) as refused:
+        _raw(url, additional_headers=auth, origin="http://evil.example")
+    assert refused.value.response.status_code == 403
+    with _raw(url, additional_headers=auth, origin=url) as ws:  # the server's own page
+        _recv_type(ws, "session.created")
+    assert origin_allowed(None, "127.0.0.1:8000")
+    assert origin_allowed("http://127.0.0.1:8000/", "127.0.0.1:8000")
+    assert not origin_allowed("http://127.0.0.1:9999", "127.0.0.1:8000")
+    assert not origin_allowed("null", "127.0.0.1:8000")
+    assert origin_allowed("https://app.example", "127.0.0.1:8000", ["https://app.example/"])
+    assert origin_allowed("https://other.example", "127.0.0.1:8000", ["*"])
+    assert not origin_allowed("https://other.example", "127.0.0.1:8000", ["https://app.example"])

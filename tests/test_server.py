@@ -550,6 +550,14 @@ def test_serve_cli_parses(capsys):
         "none",
     )
     assert cfg.preload and cfg.url == "http://127.0.0.1:8123"
+    assert cfg.stream_draft and cfg.stream_partials == "target" and cfg.allow_origins == ()
+    args = parser.parse_args(
+        ["serve", "--no-stream-draft", "--stream-partials", "draft", "--allow-origin", "https://a.example"]
+        + ["--allow-origin", "https://b.example"]
+    )
+    cfg = config_from_args(args)
+    assert not cfg.stream_draft and cfg.stream_partials == "draft"
+    assert cfg.allow_origins == ("https://a.example", "https://b.example")
 
     from speclive.cli import main
 

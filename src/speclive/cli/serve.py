@@ -70,6 +70,14 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--lazy", action="store_true", help="load each model on first use, not at startup")
     add_stream_draft_flag(p)
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin (https://app.example) whose pages may open /v1/realtime besides the "
+        "server's own page; repeat for more, '*' for any (other origins are refused with 403)",
+    )
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=cmd_serve)
 
@@ -101,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         asr_method=args.asr_method,
         stream_draft=args.stream_draft,
         stream_partials=args.stream_partials,
+        allow_origins=tuple(args.allow_origin),
         tts_voice=args.voice,
         api_key=args.api_key,
         max_sessions=args.max_sessions,

@@ -55,6 +55,9 @@ class ServerConfig:
     stream_partials: str = "target"
 
     # ---- access and limits -------------------------------------------------------------
+    #: origins (``https://app.example``; "*": any) whose pages may open ``/v1/realtime``
+    #: besides the server's own page; other browser origins are refused with 403
+    allow_origins: tuple[str, ...] = ()
     #: when set, every endpoint but ``/health`` needs ``Authorization: Bearer <api_key>``
     api_key: str | None = None
     #: requests computing at once (chat generations, transcriptions, syntheses); more get 503.

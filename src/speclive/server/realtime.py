@@ -51,8 +51,10 @@ import contextlib
 import json
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -730,9 +732,30 @@ async def _receive_loop(ws: WebSocket, session: RealtimeSession, idle_s: float) 
             await session.error("binary_frame", "binary frames are not accepted: send JSON text events")
 
 
+def origin_allowed(origin: str | None, host: str | None, allowed: Sequence[str] = ()) -> bool:
+    """Whether a WebSocket handshake may proceed. Browsers send ``Origin``; a page from another
+    site must not drive a local server with its visitor's microphone and compute, so a browser
+    connection is taken only from the server's own page (``Origin`` naming the ``Host`` the
+    request came to) or from an origin in ``allowed`` ("*": any). Clients that send no
+    ``Origin`` (SDKs, command-line tools) are not browsers and are let through."""
+    if not origin:
+        return True
+    o = origin.strip().rstrip("/").lower()
+    allow = {a.strip().rstrip("/").lower() for a in allowed}
+    if "*" in allow or o in allow:
+        return True
+    parts = urlsplit(o)
+    return parts.scheme in ("http", "https") and bool(host) and parts.netloc == host.strip().lower()
+
+
 @router.websocket("/v1/realtime")
 async def realtime(ws: WebSocket) -> None:
     svc = ws.app.state.speclive
+    if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), svc.config.allow_origins):
+        # refused before the handshake: the browser sees HTTP 403
+        svc.metrics.realtime_closes.labels(code="403").inc()
+        await ws.close(code=1008, reason="cross-origin connection refused (see --allow-origin)")
+        return
     offered = ws.scope.get("subprotocols") or []
     sub = "realtime" if "realtime" in offered else None
     beta = "openai-beta.realtime-v1" in offered or "realtime=v1" in (ws.headers.get("openai-beta") or "")
