@@ -109,6 +109,8 @@ def test_git_state_flags_uncommitted_changes(tmp_path: Path, monkeypatch: pytest
     assert report.git_state(tmp_path) == (commit, False)
     (tmp_path / "a.txt").write_text("two\n")
     assert report.git_state(tmp_path) == (commit + "+dirty", True)
+    full, _ = report.git_state(tmp_path, full=True)
+    assert full and len(full) == 40 + len("+dirty") and full.startswith(commit)
     monkeypatch.setenv("SPECLIVE_GIT_COMMIT", "abc1234+dirty")
     assert report.git_state(tmp_path) == ("abc1234+dirty", True)
     monkeypatch.setenv("SPECLIVE_GIT_COMMIT", "abc1234")

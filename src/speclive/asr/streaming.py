@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from speclive.asr.audio import SAMPLE_RATE
+from speclive.asr.passes import StreamPasses
 
 
 @dataclass
@@ -238,8 +239,6 @@ class PassRecognizer:
     pass re-decides the words committed within the buffer (``redecides_final``)."""
 
     def __init__(self, transcriber: Any, draft: bool = True, loop_fallback: bool = False):
-        from speclive.asr.passes import StreamPasses
-
         self.transcriber = transcriber
         self.passes = StreamPasses(transcriber, draft=draft)
         self.loop_fallback = loop_fallback

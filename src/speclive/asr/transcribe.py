@@ -173,6 +173,12 @@ def _hint_list(hint: Hint) -> list[list[int]]:
     return [[int(t) for t in h] for h in hint if h]  # type: ignore[union-attr]
 
 
+def _check_stream_partials(which: str) -> str:
+    if which not in ("target", "draft"):
+        raise ConfigError(f"stream_partials must be 'target' or 'draft', got {which!r}")
+    return which
+
+
 def _repeat_start(ids: list[int], n: int = 4) -> int | None:
     """Where ``ids`` start over: the first position >= n at which its first ``n`` ids recur."""
     if len(ids) < 2 * n:
@@ -204,8 +210,7 @@ class Transcriber:
         self.cfg = cfg = config or TranscribeConfig()
         if cfg.method not in METHODS:
             raise ConfigError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
-        if cfg.stream_partials not in ("target", "draft"):
-            raise ConfigError(f"stream_partials must be 'target' or 'draft', got {cfg.stream_partials!r}")
+        _check_stream_partials(cfg.stream_partials)
         self._fw: Any = None
         self.target: WhisperBackend | None = None
         self.drafter: Drafter | None = None
@@ -270,9 +275,7 @@ class Transcriber:
         """The transcriber of a stream's partial passes (``which``, default ``stream_partials``):
         this one, or one decoding greedily on the separate draft model's weights (loaded once,
         shared with the drafter)."""
-        which = which or self.cfg.stream_partials
-        if which not in ("target", "draft"):
-            raise ConfigError(f"stream_partials must be 'target' or 'draft', got {which!r}")
+        which = _check_stream_partials(which or self.cfg.stream_partials)
         d = self.draft_backend
         if which == "target" or d is None or self.target is None:
             return self

@@ -335,9 +335,10 @@ def summarize(rows: Sequence[dict], methods: Sequence[str]) -> list[dict[str, An
 
 
 # ---- output -----------------------------------------------------------------------------------
-def _ratio(d: dict | None) -> str:
+def ratio_text(d: dict | None) -> str:
+    """A ``paired_ratio`` as "median [lo, hi] (gm geomean)"."""
     if not d or d.get("median") is None:
-        return "-"
+        return "–"
     return f"{d['median']:.2f} [{d['lo']:.2f}, {d['hi']:.2f}] (gm {d['geomean']:.2f})"
 
 
@@ -348,11 +349,11 @@ def markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
     for r in s:
         r["identity"] = f"{r['identical']}/{r['compared']}"
-        r["vs_ar"] = _ratio(r.get("partial_passes_vs_ar"))
-        r["vs_spec"] = _ratio(r.get("partial_passes_vs_specasr"))
-        r["cpu_ar"] = _ratio(r.get("cpu_vs_ar"))
-        r["cpu_spec"] = _ratio(r.get("cpu_vs_specasr"))
-        r["cpu_chunked"] = _ratio(r.get("cpu_vs_chunked"))
+        r["vs_ar"] = ratio_text(r.get("partial_passes_vs_ar"))
+        r["vs_spec"] = ratio_text(r.get("partial_passes_vs_specasr"))
+        r["cpu_ar"] = ratio_text(r.get("cpu_vs_ar"))
+        r["cpu_spec"] = ratio_text(r.get("cpu_vs_specasr"))
+        r["cpu_chunked"] = ratio_text(r.get("cpu_vs_chunked"))
     lines += [
         "## Streaming passes (every second of audio)",
         "",

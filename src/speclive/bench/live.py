@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from speclive.bench import report
-from speclive.bench.asr_stream import paired_ratio
+from speclive.bench.asr_stream import paired_ratio, ratio_text
 from speclive.bench.datasets import mtbench_questions
 from speclive.bench.exactness import ar_logit_gap, first_divergence
 from speclive.bench.ssbd import _quality, bench_sentences
@@ -481,12 +481,6 @@ def _ci(v: Any) -> str:
     return f"{v[0]:.2f}× [{v[1]:.2f}, {v[2]:.2f}]"
 
 
-def _ratio_text(d: dict[str, Any]) -> str:
-    if d.get("median") is None:
-        return "–"
-    return f"{d['median']:.2f} [{d['lo']:.2f}, {d['hi']:.2f}] (gm {d['geomean']:.2f})"
-
-
 def chat_markdown(result: dict[str, Any]) -> str:
     h = result["header"]
     lines = report.markdown_preamble("speclive live voice chat: voice-to-voice latency", h)
@@ -523,7 +517,7 @@ def chat_markdown(result: dict[str, Any]) -> str:
             "|---|---|---|",
         ]
         for r in variants:
-            a, b = (_ratio_text(r[k]) for k in ("asr_vs_base", "latency_vs_base"))
+            a, b = (ratio_text(r[k]) for k in ("asr_vs_base", "latency_vs_base"))
             lines.append(f"| {r['method']} | {a} | {b} |")
     lines += ["", "Lower latency, as a ratio (baseline / method), paired bootstrap 95 % CI:", ""]
     lines += [

@@ -59,18 +59,23 @@ def load_avg() -> list[float] | None:
 _LOAD_AVG_AT_IMPORT = load_avg()
 
 
-def git_state(where: Path | None = None) -> tuple[str | None, bool | None]:
+def git_state(where: Path | None = None, full: bool = False) -> tuple[str | None, bool | None]:
     """``(commit, dirty)`` of the checkout holding ``where`` (default: this file): the short
-    commit, ``+dirty`` appended when tracked files have uncommitted changes, and that flag
-    (None when unknown). ``SPECLIVE_GIT_COMMIT`` names the commit of a copy without ``.git``
-    (e.g. on a lent GPU machine); a trailing ``+dirty`` there says the copy was dirty."""
+    (``full``: the whole) commit hash, ``+dirty`` appended when tracked files have uncommitted
+    changes, and that flag (None when unknown). ``SPECLIVE_GIT_COMMIT`` names the commit of a
+    copy without ``.git`` (e.g. on a lent GPU machine); a trailing ``+dirty`` there says the
+    copy was dirty."""
     env = os.environ.get("SPECLIVE_GIT_COMMIT")
     if env:
         return env, True if env.endswith("+dirty") else None
     cwd = where if where is not None else Path(__file__).resolve().parent
     try:
         sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
+            ["git", "rev-parse", *([] if full else ["--short"]), "HEAD"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=5,
         ).stdout.strip()
         status = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
@@ -122,23 +127,9 @@ def machine_info(load_avg_start: list[float] | None = None) -> dict[str, Any]:
 def provenance(command: str) -> dict[str, Any]:
     """Where a result file came from: the full commit and whether the tree was clean, the CPU
     (model name, family, model, widest vector ISA) or GPU, the kernel, the command and when."""
-    commit, dirty = git_state()
-    full = None
-    try:
-        full = (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"],
-                cwd=Path(__file__).resolve().parent,
-                capture_output=True,
-                text=True,
-                timeout=5,
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
-        pass
+    commit, dirty = git_state(full=True)
     return {
-        "commit": full or commit,
+        "commit": commit.removesuffix("+dirty") if commit else None,
         "clean": None if dirty is None else not dirty,
         "cpu": {"name": cpu_model(), "detail": cpu_detail()},
         "gpu": gpu_model(),

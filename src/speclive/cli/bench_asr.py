@@ -61,7 +61,8 @@ class AsrBenchOptions:
         24,
         "--turns",
         parse=int,
-        help="--stream: multi-sentence turns of 5-20 s besides the clip sets",
+        help="--stream: multi-sentence Piper turns besides the clip sets (sentences added up to a "
+        "length drawn from 5-20 s, so a turn may run past 20 s)",
         always=True,
     )
     stream_methods: list[str] = option(
