@@ -140,6 +140,7 @@ def test_required_names_hub_ids_and_bundle() -> None:
         "whisper-tiny.en": ("whisper-ct2", "openai/whisper-tiny.en"),
         "whisper-base": ("whisper-ct2", "openai/whisper-base"),
         "piper-joe-medium": ("piper-voice", "rhasspy/piper-voices"),
+        "smart-turn-v3.2": ("turn-onnx", "pipecat-ai/smart-turn-v3"),
         "gemma-3-270m": ("llm-gguf", None),
         "mt-bench": ("dataset", None),
         "humaneval": ("dataset", None),
@@ -155,6 +156,7 @@ def test_required_names_hub_ids_and_bundle() -> None:
         "piper-joe-medium",
         "whisper-tiny.en",
         "whisper-base",
+        "smart-turn-v3.2",
         "mt-bench",
         "humaneval",
     }

