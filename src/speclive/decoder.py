@@ -206,7 +206,13 @@ class Generation:
     ``stats`` and ``commit_.out`` / ``commit_.full`` hold the result as it grows.
     """
 
-    def __init__(self, dec: SpeculativeDecoder, prompt_ids: Sequence[int], config: GenerationConfig | None):
+    def __init__(
+        self,
+        dec: SpeculativeDecoder,
+        prompt_ids: Sequence[int],
+        config: GenerationConfig | None,
+        probe: int | None = None,
+    ):
         cfg, prompt = checked_request(prompt_ids, config)
         target = dec.target
         if len(prompt) >= target.n_ctx:
@@ -223,7 +229,7 @@ class Generation:
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self.commit_ = Commit(target.tokenizer, cfg, self.stats)
         self.t_start = time.perf_counter()
-        self.tail, self.stats.prefill_forwards = dec._prefill(prompt, cfg.fuse_prefill)
+        self.tail, self.stats.prefill_forwards, self._probe_at = dec._prefill(prompt, cfg.fuse_prefill, probe)
         self.stats.prefill_s = time.perf_counter() - self.t_start
         self.context = list(prompt)
         self.pending = prompt[-1]
@@ -270,6 +276,9 @@ class Generation:
         self._step = None
         stats, target, state = self.stats, self.target, self.dec.state
         if t:
+            if self._probe_at is not None:
+                self.dec.probe_row = np.array(logits[self._probe_at])
+                self._probe_at = None
             logits = logits[t:]
             base += t
             self.tail = []
@@ -350,6 +359,8 @@ class SpeculativeDecoder:
         # the target's cost curve at the drafter's ``target_threads`` (it differs from the usual
         # one), and the threads and cost model to restore after a generation
         self._drafting_cost: CostModel | None = None
+        #: the logits row a ``probe`` asked for (None until its pass ran)
+        self.probe_row: np.ndarray | None = None
         self._restore: tuple[int | None, CostModel] | None = None
 
     def close(self) -> None:
@@ -358,25 +369,45 @@ class SpeculativeDecoder:
             self.drafter.close()
 
     # ------------------------------------------------------------------------------------
-    def _prefill(self, prompt: list[int], fuse_max: int) -> tuple[list[int], int]:
+    def _prefill(
+        self, prompt: list[int], fuse_max: int, probe: int | None = None
+    ) -> tuple[list[int], int, int | None]:
         """Make the cache hold ``prompt[:-1]``, reusing whatever prefix it already holds;
-        returns the tail left to evaluate and the target passes spent here (0 or 1).
+        returns the tail left to evaluate, the target passes spent here (0 to 2) and where the
+        probe's row lies in the tail's logits (None: already in ``probe_row``, or no probe).
 
         A short uncached tail (at most ``fuse_max`` tokens) is not evaluated here but returned,
         to ride along in the first verification pass: a streaming session whose prompt grew
         by a few tokens then needs ONE target pass to extend the prompt and verify its draft.
+
+        ``probe`` (``0 < probe < len(prompt) - 1``) asks for the logits after ``prompt[:probe]``
+        (what the model expects at position ``probe``), kept in ``probe_row``: position
+        ``probe - 1`` is evaluated again if the cache holds it, so the row always comes from
+        this prompt's own pass.
         """
+        self.probe_row = None
         keep = common_prefix_len(self.state.tokens, prompt[:-1])
+        if probe is not None:
+            if not 0 < probe < len(prompt) - 1:
+                raise ValueError(f"probe {probe} outside the prompt's first {len(prompt) - 1} tokens")
+            keep = min(keep, probe - 1)
         self.target.truncate(self.state, keep)
         tail = prompt[keep:-1]
         if len(tail) <= fuse_max:
-            return tail, 0
-        self.target.extend(self.state, tail, last_only=True)
-        return [], 1
+            return tail, 0, None if probe is None else probe - 1 - keep
+        if probe is None:
+            self.target.extend(self.state, tail, last_only=True)
+            return [], 1, None
+        self.probe_row = self.target.extend(self.state, prompt[keep:probe], last_only=True)[-1]
+        if probe < len(prompt) - 1:
+            self.target.extend(self.state, prompt[probe:-1], last_only=True)
+            return [], 2, None
+        return [], 1, None
 
-    def prefill(self, prompt_ids: Sequence[int]) -> None:
+    def prefill(self, prompt_ids: Sequence[int], probe: int | None = None) -> None:
         """Make the cache hold ``prompt_ids[:-1]`` now (reusing its common prefix), so a later
-        ``generate`` on this prompt, or on one that extends it, starts with little to compute."""
+        ``generate`` on this prompt, or on one that extends it, starts with little to compute.
+        ``probe``: as in ``_prefill`` (the row lands in ``probe_row``)."""
         prompt = [int(t) for t in prompt_ids]
         if len(prompt) >= self.target.n_ctx:
             raise ContextOverflowError(
@@ -384,12 +415,15 @@ class SpeculativeDecoder:
                 f"holds {self.target.n_ctx}"
             )
         if len(prompt) > 1:
-            self._prefill(prompt, 0)
+            self._prefill(prompt, 0, probe)
 
-    def start(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> Generation:
+    def start(
+        self, prompt_ids: Sequence[int], config: GenerationConfig | None = None, probe: int | None = None
+    ) -> Generation:
         """A new generation on this decoder's state, to be stepped by the caller (see
-        ``Generation``); ``end(gen)`` when it is over or abandoned."""
-        return Generation(self, prompt_ids, config)
+        ``Generation``); ``end(gen)`` when it is over or abandoned. ``probe``: see ``_prefill``
+        (the row is in ``probe_row`` once the first step is committed)."""
+        return Generation(self, prompt_ids, config, probe)
 
     def _set_target_threads(self) -> None:
         """Before drafting: run the target on the threads the drafter declares
@@ -420,11 +454,11 @@ class SpeculativeDecoder:
             self.knowledge.save()
 
     def generate(
-        self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
+        self, prompt_ids: Sequence[int], config: GenerationConfig | None = None, probe: int | None = None
     ) -> Generator[StepEvent, None, GenerationResult]:
         """Yield one ``StepEvent`` per verification (each carries the running ``stats``);
-        the generator returns the ``GenerationResult``."""
-        gen = self.start(prompt_ids, config)
+        the generator returns the ``GenerationResult``. ``probe``: see ``_prefill``."""
+        gen = self.start(prompt_ids, config, probe)
         try:
             while (p := gen.next_pass()) is not None:
                 yield gen.commit(self.target.extend(p.state, p.tokens, p.parents))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from speclive.errors import ConfigError
 from speclive.live.clock import Clock
 from speclive.live.pipeline import LiveConfig, LivePipeline
+from speclive.live.turnpolicy import TurnPolicyConfig
 from speclive.live.vad import TurnConfig
 
 KINDS = ("chat", "translate", "transcribe")
@@ -43,6 +44,9 @@ class LiveModelsConfig:
     #: run the LLM on these `vllm serve` replicas instead of in process (``backend`` unused)
     vllm_urls: tuple[str, ...] = ()
     vllm_top_k: int = 20
+    #: the audio end-of-turn model of semantic turn detection (registry name or .onnx path),
+    #: loaded when a pipeline first needs it
+    turn_model: str = "smart-turn-v3.2"
 
 
 @dataclass
@@ -52,6 +56,15 @@ class LiveModels:
     llm: object | None = None
     tts: object | None = None
     warm: bool = field(default=False)
+    _turn_model: object | None = None
+
+    def turn_model(self) -> object:
+        """The audio end-of-turn model (``live.smartturn.SmartTurn``), loaded on first use."""
+        if self._turn_model is None:
+            from speclive.live.smartturn import SmartTurn
+
+            self._turn_model = SmartTurn(self.cfg.turn_model)
+        return self._turn_model
 
     def warm_up(self) -> None:
         """One tiny run of each model, so the first turn is not the one paying for lazy setup."""
@@ -118,6 +131,8 @@ def make_pipeline(
     speak: bool | None = None,
     stream_draft: bool | None = None,
     stream_partials: str | None = None,
+    turn_detection: str = "server_vad",
+    policy: TurnPolicyConfig | None = None,
 ) -> LivePipeline:
     """A pipeline of ``kind`` (chat | translate | transcribe) over loaded ``models``.
 
@@ -126,6 +141,8 @@ def make_pipeline(
     ``speak``: synthesize the answer (chat, default on) or the finished translated sentences
     (translate, default off: the bundled voice speaks English). ``stream_draft`` /
     ``stream_partials``: the streaming ASR's settings for this pipeline (None: the models').
+    ``turn_detection``: ``server_vad`` (a silence of ``turn.end_s`` ends a turn) or
+    ``semantic`` (chat only: ``policy`` ends it, from the audio turn model and the LM).
     """
     if kind not in KINDS:
         raise ConfigError(f"invalid pipeline {kind!r}; allowed values: {', '.join(KINDS)}")
@@ -134,7 +151,11 @@ def make_pipeline(
         asr_step_s=asr_step_s,
         stream_draft=models.cfg.stream_draft if stream_draft is None else stream_draft,
         stream_partials=stream_partials,
+        turn_detection=turn_detection,
+        policy=policy or TurnPolicyConfig(),
     )
+    if turn_detection == "semantic" and kind != "chat":
+        raise ConfigError(f"semantic turn detection is for the chat pipeline, not {kind!r}")
     if kind == "transcribe":
         from speclive.live.transcriber import LiveTranscriber
 
@@ -153,6 +174,7 @@ def make_pipeline(
             config=live,
             clock=clock,
             sample_rate=sample_rate,
+            turn_model=_turn_model_for(models, live),
         )
     from speclive.live.translator import LiveTranslator
 
@@ -166,3 +188,10 @@ def make_pipeline(
         clock=clock,
         sample_rate=sample_rate,
     )
+
+
+def _turn_model_for(models: LiveModels, live: LiveConfig) -> object | None:
+    """The audio turn model where the pipeline's policy reads it (None otherwise)."""
+    if live.turn_detection != "semantic" or live.policy.kind not in ("audio", "fused"):
+        return None
+    return models.turn_model()

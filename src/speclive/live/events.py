@@ -48,6 +48,21 @@ class SpeechStopped(Event):
 
 
 @dataclass
+class TurnPrediction(Event):
+    """The end-of-turn policy at a pause: the audio model's and the LM's probability that the
+    turn is over (None: not read), the policy's fused ``score``, the bar it had to clear after
+    ``silence_s`` of silence, and whether it ended the turn (``end``)."""
+
+    audio_p: float | None = None
+    text_p: float | None = None
+    score: float | None = None
+    bar: float = 0.0
+    silence_s: float = 0.0
+    end: bool = False
+    type: ClassVar[str] = "turn_prediction"
+
+
+@dataclass
 class TranscriptPartial(Event):
     """Streaming transcript of the turn so far: ``stable`` words never change, ``tentative``
     ones may; ``audio_t`` is how much input the pass had heard."""

@@ -21,7 +21,7 @@ into the turn: ``_on_turn_start``, ``_on_partial`` (a new streaming transcript),
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -37,8 +37,12 @@ from speclive.live.events import (
     SpeechStopped,
     TranscriptFinal,
     TranscriptPartial,
+    TurnPrediction,
 )
+from speclive.live.turnpolicy import TurnPolicy, TurnPolicyConfig, TurnSignals
 from speclive.live.vad import StreamingVAD, TurnChange, TurnConfig, TurnDetector
+
+TURN_DETECTION = ("server_vad", "semantic")
 
 
 @dataclass
@@ -56,6 +60,11 @@ class LiveConfig:
     #: the model of the streaming partial passes, "target" or "draft" (None: the transcriber's
     #: own ``stream_partials``)
     stream_partials: str | None = None
+    #: "server_vad": a turn ends after ``turn.end_s`` of silence; "semantic": ``policy`` ends
+    #: it at a pause, from the audio model's and the LM's end-of-turn probabilities
+    turn_detection: str = "server_vad"
+    #: the end-of-turn policy of ``semantic`` turn detection (live/turnpolicy.py)
+    policy: TurnPolicyConfig = field(default_factory=TurnPolicyConfig)
 
 
 def as_mono_16k(chunk: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -85,7 +94,15 @@ class _Turn:
     ended: bool = False
     end_done: bool = False
     capped: bool = False
-    compute: dict[str, float] = field(default_factory=lambda: {"asr": 0.0, "llm": 0.0, "tts": 0.0})
+    #: semantic turn detection: the signals read at the current pause, whether the policy
+    #: ended the turn (rather than the silence timeout), and when (clock time)
+    signals: TurnSignals = field(default_factory=TurnSignals)
+    text_tried: bool = False
+    predicted: bool = False
+    decided_t: float | None = None
+    compute: dict[str, float] = field(
+        default_factory=lambda: {"asr": 0.0, "llm": 0.0, "tts": 0.0, "turn": 0.0}
+    )
     asr_passes: int = 0
     max_lag_s: float = 0.0
 
@@ -102,8 +119,25 @@ class LivePipeline:
         config: LiveConfig | None = None,
         clock: Clock | None = None,
         sample_rate: int = SAMPLE_RATE,
+        turn_model=None,
     ):
         self.cfg = config or LiveConfig()
+        if self.cfg.turn_detection not in TURN_DETECTION:
+            allowed = ", ".join(TURN_DETECTION)
+            got = self.cfg.turn_detection
+            raise ConfigError(f"invalid turn_detection {got!r}; allowed values: {allowed}")
+        #: the end-of-turn policy (semantic turn detection) and its audio model (``predict(audio)
+        #: -> P(turn complete)``, e.g. ``live.smartturn.SmartTurn``)
+        self.policy: TurnPolicy | None = None
+        self.turn_model = turn_model
+        if self.cfg.turn_detection == "semantic":
+            policy = TurnPolicy(self.cfg.policy)
+            # the VAD's pause is the policy's first check, its end of turn the policy's fallback
+            self.cfg.turn = replace(self.cfg.turn, pause_s=policy.min_silence_s, end_s=policy.max_silence_s)
+            if policy.cfg.kind != "silence":
+                self.policy = policy
+            if self.policy is not None and self.policy.needs_audio and turn_model is None:
+                raise ConfigError(f"the {policy.cfg.kind!r} turn policy needs an audio turn model")
         self.cfg.turn.validate()
         if self.cfg.asr_step_s <= 0:
             raise ConfigError(f"asr_step_s must be > 0, got {self.cfg.asr_step_s}")
@@ -144,20 +178,23 @@ class LivePipeline:
             self.recent.pop(0)
         for ch in changes:
             events += self._turn_change(ch, start)
-        return events
+        return events + self._decide_turn()
 
     def _turn_change(self, ch: TurnChange, chunk_start: int) -> list[Event]:
         now = self.clock()
         if ch.kind == "start":
             self.heard_speech = True
             prev = self.turn
-            if prev is not None and prev.ended and self._mergeable(prev):
-                # speech again before the answer was heard: the same turn goes on (nothing of
-                # it is dropped; what was prepared for its first end is discarded)
-                prev.ended = prev.end_done = prev.capped = False
-                prev.final = prev.eot_t = prev.speech_end_t = None
+            if prev is not None and prev.ended and self._mergeable(prev, ch.audio_t):
+                # speech again before the answer was heard, or soon after a predicted end of
+                # turn: the same turn goes on (nothing of it is dropped; what was prepared for
+                # its first end is discarded, what was played of it stops)
+                events = [SpeechStarted(now, audio_t=ch.audio_t), *self._on_reopen(prev)]
+                prev.ended = prev.end_done = prev.capped = prev.predicted = False
+                prev.final = prev.eot_t = prev.speech_end_t = prev.decided_t = None
+                prev.signals, prev.text_tried = TurnSignals(), False
                 self.recent = []
-                return [SpeechStarted(now, audio_t=ch.audio_t), *self._on_reopen(prev)]
+                return events
             events = self._interrupt(now)
             self.n_turns += 1
             turn = _Turn(self.n_turns, ch.audio_t)
@@ -184,12 +221,15 @@ class LivePipeline:
         if ch.kind == "resume":
             turn.speech_end_t = None
             turn.final = None  # the user went on: a transcript made at the pause was not final
+            turn.signals, turn.text_tried = TurnSignals(), False
             return self._on_resume(turn)
         turn.speech_end_t = ch.audio_t
         if ch.kind == "pause":
             return [SpeechStopped(now, audio_t=ch.audio_t, end_of_turn=False)]
         # end or capped
         turn.ended, turn.eot_t, turn.capped = True, now, ch.kind == "capped"
+        if turn.decided_t is None:
+            turn.decided_t = now
         events = [SpeechStopped(now, audio_t=ch.audio_t, end_of_turn=True)]
         if turn.capped:
             events.append(
@@ -212,12 +252,100 @@ class LivePipeline:
                 return self._partial_pass(turn)
             if (
                 not turn.ended
-                and self.cfg.early_final
+                and (self.cfg.early_final or self.policy is not None)
                 and turn.speech_end_t is not None
                 and turn.final is None
             ):
                 return self._final_transcript(turn)
-        return self._work(deadline)
+            if self.policy is not None and self._paused_with_final(turn):
+                events = self._turn_signals(turn)
+                if events is not None:
+                    return events
+        events = self._work(deadline)
+        decided = self._decide_turn()
+        if decided:
+            return (events or []) + decided
+        return events
+
+    # ---- semantic turn detection ----------------------------------------------------------
+    @staticmethod
+    def _paused_with_final(turn: _Turn) -> bool:
+        return not turn.ended and turn.speech_end_t is not None and turn.final is not None
+
+    def _cut_samples(self, turn: _Turn) -> np.ndarray:
+        """The turn's audio up to its speech end + the pause (the final transcript's audio)."""
+        assert turn.speech_end_t is not None
+        cut = turn.speech_end_t + self.cfg.turn.pause_s
+        return turn.samples()[: max(0, int(round((cut - turn.audio_start_t) * SAMPLE_RATE)))]
+
+    def _turn_signals(self, turn: _Turn) -> list[Event] | None:
+        """One unit of the policy's reading at this pause: the audio model's probability, then
+        the LM's (where it does not come with the subclass's own work). None: nothing to read."""
+        assert self.policy is not None
+        sig = turn.signals
+        if self.policy.needs_audio and sig.audio is None:
+            t0 = time.perf_counter()
+            audio = self._cut_samples(turn)
+            sig.audio = float(self.turn_model.predict(audio)) if audio.size else 0.0  # type: ignore[union-attr]
+            self._charge(turn, "turn", time.perf_counter() - t0)
+            return self._decide_turn(force_event=True)
+        if self.policy.needs_text and sig.text is None and not turn.text_tried:
+            sig.text = self._text_signal(turn, compute=False)
+            if sig.text is None and not self._text_comes_with_work(turn):
+                t0 = time.perf_counter()
+                sig.text = self._text_signal(turn, compute=True)
+                self._charge(turn, "llm", time.perf_counter() - t0)
+                turn.text_tried = True
+                return self._decide_turn(force_event=True)
+        return None
+
+    def _decide_turn(self, force_event: bool = False) -> list[Event]:
+        """Whether the policy ends the paused turn now; ``TurnPrediction`` when it does (or
+        when ``force_event``: new signals were read)."""
+        turn = self.turn
+        policy = self.policy
+        if policy is None or turn is None or not self._paused_with_final(turn):
+            return []
+        sig = turn.signals
+        if policy.needs_text and sig.text is None and not turn.text_tried:
+            sig.text = self._text_signal(turn, compute=False)
+            if sig.text is not None:
+                force_event = True  # read by the speculation's pass: a new signal
+            elif self._text_comes_with_work(turn):
+                return []  # the LM's reading is on its way: no decision without it
+        if not policy.ready(sig):
+            return []
+        assert turn.speech_end_t is not None
+        silence = max(0.0, self.turns.t - turn.speech_end_t)
+        end = policy.decide(sig, silence)
+        if not (end or force_event):
+            return []
+        now = self.clock()
+        pred = TurnPrediction(
+            now,
+            audio_p=sig.audio,
+            text_p=sig.text,
+            score=policy.score(sig),
+            bar=min(1.0, policy.bar(silence)),
+            silence_s=silence,
+            end=end,
+        )
+        if not end:
+            return [pred]
+        ch = self.turns.end_now()
+        if ch is None:  # pragma: no cover - a paused turn is open in the detector
+            return [pred]
+        turn.predicted, turn.decided_t = True, now
+        return [pred, *self._turn_change(ch, self.received)]
+
+    def _text_signal(self, turn: _Turn, compute: bool) -> float | None:
+        """The LM's P(the user's message ends here) for ``turn.final`` (None: none). Without
+        ``compute`` only what was read already."""
+        return None
+
+    def _text_comes_with_work(self, turn: _Turn) -> bool:
+        """Whether the subclass's next ``_work`` reads the text signal anyway."""
+        return False
 
     def _recognizer(self, turn: _Turn):
         """Streaming passes: each drafted by the hypotheses of the passes before it (the same
@@ -326,9 +454,17 @@ class LivePipeline:
     def _on_resume(self, turn: _Turn) -> list[Event]:
         return []
 
-    def _mergeable(self, turn: _Turn) -> bool:
-        """Whether speech starting now continues this ended turn (nothing answered it yet)."""
-        return not turn.end_done
+    def _mergeable(self, turn: _Turn, at: float | None = None) -> bool:
+        """Whether speech starting now (input time ``at``; None: the newest input) continues
+        this ended turn: nothing answered it yet, or the policy ended it and the speaker went
+        on sooner than the silence timeout would have ended it."""
+        return not turn.end_done or self._within_predicted(turn, at)
+
+    def _within_predicted(self, turn: _Turn, at: float | None = None) -> bool:
+        if not turn.predicted or turn.speech_end_t is None or self.policy is None:
+            return False
+        at = self.received / SAMPLE_RATE if at is None else at
+        return at - turn.speech_end_t < self.policy.max_silence_s
 
     def _on_reopen(self, turn: _Turn) -> list[Event]:
         """An ended turn goes on (see ``_mergeable``): drop what was prepared for its end."""

@@ -146,6 +146,15 @@ class TurnDetector:
         self._end()
         return ch
 
+    def end_now(self) -> TurnChange | None:
+        """End the turn in progress now (a policy decided it is over before the silence
+        timeout); None when no turn is open."""
+        if not self.in_turn:
+            return None
+        ch = TurnChange("end", self.last_voice_t, self.t)
+        self._end()
+        return ch
+
     def _end(self) -> None:
         self.in_turn = self.paused = False
         self.voiced_run = 0.0

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from speclive.backends.base import Backend
@@ -39,18 +39,35 @@ from speclive.live.events import (
     TurnMetrics,
 )
 from speclive.live.pipeline import LiveConfig, LivePipeline, _Turn
-from speclive.sessions.predictive import MODES, PredGenConfig, PredictiveResponder, ReplyPart
+from speclive.sessions.predictive import MODES, SYSTEM_PROMPT, PredGenConfig, PredictiveResponder, ReplyPart
 from speclive.tts.base import TTS
 
 #: words a voice answer's first spoken unit needs before a , ; or : may end it
 VOICE_FIRST_CLAUSE = 4
+#: most tokens a spoken answer may take (the voice prompt asks for one to three short sentences)
+VOICE_MAX_TOKENS = 96
+#: the system prompt of a voice session: PredGen's (the user's words may be truncated, since the
+#: live pipeline answers partial transcripts speculatively) plus the style of a spoken answer.
+#: Text sessions keep ``SYSTEM_PROMPT`` alone.
+VOICE_SYSTEM_PROMPT = (
+    SYSTEM_PROMPT + " Your answer will be spoken aloud. Answer in one to three short spoken "
+    "sentences, in plain words. Do not use lists, markdown, headings, emojis or code. Write "
+    "numbers as words where natural."
+)
 
 
 def voice_predgen(**overrides: Any) -> PredGenConfig:
-    """PredGen settings for a spoken answer: a line break ends a sentence too (a list's lead-in
-    is spoken on its own) and the first unit may be a clause of ``VOICE_FIRST_CLAUSE`` words
-    or more, so its audio is ready sooner."""
-    return PredGenConfig(**{"line_breaks": True, "first_clause_words": VOICE_FIRST_CLAUSE, **overrides})
+    """PredGen settings for a spoken answer: the voice system prompt (``VOICE_SYSTEM_PROMPT``:
+    short spoken sentences, no markdown), at most ``VOICE_MAX_TOKENS`` tokens, a line break
+    ends a sentence too (a list's lead-in is spoken on its own) and the first unit may be a
+    clause of ``VOICE_FIRST_CLAUSE`` words or more, so its audio is ready sooner."""
+    defaults: dict[str, Any] = {
+        "system": VOICE_SYSTEM_PROMPT,
+        "max_tokens": VOICE_MAX_TOKENS,
+        "line_breaks": True,
+        "first_clause_words": VOICE_FIRST_CLAUSE,
+    }
+    return PredGenConfig(**{**defaults, **overrides})
 
 
 #: which transcripts each method listens to while the user speaks
@@ -62,6 +79,8 @@ class _Playing:
     start: float
     end: float
     text: str
+    #: its entry in ``VoiceChat.playbacks``
+    log: dict[str, Any] = field(default_factory=dict)
 
 
 class VoiceChat(LivePipeline):
@@ -76,12 +95,13 @@ class VoiceChat(LivePipeline):
         clock: Clock | None = None,
         sample_rate: int = 16_000,
         history: list[dict[str, str]] | None = None,
+        turn_model=None,
     ):
         if mode not in MODES:
             raise ConfigError(f"invalid mode {mode!r}; allowed values: {', '.join(MODES)}")
         cfg = config or LiveConfig()
         cfg.partials = cfg.early_final = _LISTENS[mode]
-        super().__init__(transcriber, cfg, clock, sample_rate)
+        super().__init__(transcriber, cfg, clock, sample_rate, turn_model=turn_model)
         self.llm = llm
         self.tts = tts
         self.mode = mode
@@ -97,6 +117,9 @@ class VoiceChat(LivePipeline):
         #: every complete answer of this conversation (text, token ids, latency figures; not
         #: its audio, which was emitted as ``AudioChunk`` events)
         self.answers: list = []
+        #: every stretch of answer audio played: ``turn``, ``start_t``, ``end_t`` (clock
+        #: times) and ``cut`` (the user's speech stopped it there)
+        self.playbacks: list[dict[str, Any]] = []
 
     # ---- turn hooks -------------------------------------------------------------------------
     def _new_responder(self) -> PredictiveResponder:
@@ -123,8 +146,8 @@ class VoiceChat(LivePipeline):
         self.playing, self._first_ready, self._answer = [], None, ""
         return []
 
-    def _mergeable(self, turn: _Turn) -> bool:
-        if not turn.end_done:
+    def _mergeable(self, turn: _Turn, at: float | None = None) -> bool:
+        if not turn.end_done or self._within_predicted(turn, at):
             return True
         if turn is not self.reply_turn or self.reply is None:
             return False  # answered (or being played): new speech is a new turn
@@ -134,18 +157,24 @@ class VoiceChat(LivePipeline):
         return not any(p.start <= now for p in self.playing)
 
     def _on_reopen(self, turn: _Turn) -> list[Event]:
-        """The user went on before any answer was heard: the answer in progress is dropped and
-        the turn is answered when it ends again (its history is unchanged)."""
+        """The user went on before any answer was heard, or soon after the policy ended their
+        turn: the answer in progress stops and the turn is answered when it ends again. What
+        was played of it stays in the history, after the words it answered."""
+        now = self.clock()
+        events: list[Event] = []
+        if any(p.start < now for p in self.playing):
+            events = self._interrupt(now, reopen=True)
         if self.reply is not None:
             self.reply.close()
         self.reply = self.reply_turn = None
         self.playing, self._first_ready, self._answer = [], None, ""
         self._new_responder()
         self._presynth_t = None
-        return []
+        return events
 
-    def _interrupt(self, now: float) -> list[Event]:
-        """Barge-in: stop generating, keep what was played in the history."""
+    def _interrupt(self, now: float, reopen: bool = False) -> list[Event]:
+        """Barge-in: stop generating, keep what was played in the history (``reopen``: the turn
+        it answered goes on, so its metrics come when it ends again)."""
         playing_now = any(p.end > now for p in self.playing)
         if self.reply is None and not playing_now:
             return []
@@ -157,13 +186,17 @@ class VoiceChat(LivePipeline):
                 words = p.text.split()
                 share = (now - p.start) / max(1e-6, p.end - p.start)
                 played.append(" ".join(words[: int(len(words) * share)]))
+                p.log.update(end_t=round(now, 4), cut=True)
+            else:  # never started: it is not played at all
+                p.log["dropped"] = True
+        self.playbacks = [x for x in self.playbacks if not x.get("dropped")]
         played_text = " ".join(x for x in played if x).strip()
         events: list[Event] = []
         turn = self.reply_turn
         if self.reply is not None:
             self.reply.close()
             self.reply = None
-            if turn is not None:
+            if turn is not None and not reopen:
                 m = self._metrics(turn, None)
                 m.extra["interrupted"] = True
                 events.append(m)
@@ -177,6 +210,23 @@ class VoiceChat(LivePipeline):
         self.playing = [p for p in self.playing if p.end <= now]
         self.reply_turn = None
         return [Interrupted(now, played=played_text), *events]
+
+    # ---- semantic turn detection: the answering LM's reading ----------------------------------
+    def _text_signal(self, turn: _Turn, compute: bool) -> float | None:
+        r = self.responder
+        if r is None or not turn.final:
+            return None
+        p = r.end_probs.get(turn.final)
+        if p is None and compute:
+            p = r.end_of_turn_prob(turn.final)
+        return p
+
+    def _text_comes_with_work(self, turn: _Turn) -> bool:
+        """The next speculation on the final transcript reads it in its first pass."""
+        r = self.responder
+        if r is None or self.mode == "cascade" or not r.backend.in_process or not turn.final:
+            return False
+        return turn.final != r.latest or r.incomplete
 
     # ---- compute ----------------------------------------------------------------------------
     def _work(self, deadline: float | None) -> list[Event] | None:
@@ -270,7 +320,14 @@ class VoiceChat(LivePipeline):
             prev_end = self.playing[-1].end if self.playing else 0.0
             start = max(now, eot, prev_end)
             dur = part.audio.duration_s
-            self.playing.append(_Playing(start, start + dur, part.text))
+            log = {
+                "turn": turn.index,
+                "start_t": round(start, 4),
+                "end_t": round(start + dur, 4),
+                "cut": False,
+            }
+            self.playbacks.append(log)
+            self.playing.append(_Playing(start, start + dur, part.text, log))
             return [
                 AudioChunk(
                     now,
@@ -312,7 +369,15 @@ class VoiceChat(LivePipeline):
             hist = ("history", "forced")
             accepted += sum(final_stats.accepted_by_source.get(s, 0) for s in hist)
             drafted += sum(final_stats.drafted_by_source.get(s, 0) for s in hist)
-        extra = {"mode": self.mode}
+        extra: dict[str, Any] = {"mode": self.mode}
+        if self.policy is not None:
+            extra.update(
+                predicted=turn.predicted,
+                audio_p=turn.signals.audio,
+                text_p=turn.signals.text,
+                turn_s=round(turn.compute["turn"], 4),
+            )
+        extra.update(decided_t=turn.decided_t, audio_start_t=first_play)
         if resp is not None:
             extra.update(
                 first_sentence=resp.first_sentence,

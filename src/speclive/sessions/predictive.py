@@ -205,6 +205,25 @@ def _norm(text: str) -> str:
     return " ".join(text.split())
 
 
+def _user_suffix_len(tok, system: str) -> int:
+    """Tokens the chat template puts after the last user message's text (its end-of-message
+    token first, then the assistant's header): the common tail of two prompts that differ only
+    in that text. 0 when they share none (a template without such tokens)."""
+    a = chat_prompt(tok, "yes", None, system)
+    b = chat_prompt(tok, "no", None, system)
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+def _token_prob(row: np.ndarray, token: int) -> float:
+    """Softmax probability of ``token`` in a logits row."""
+    z = np.asarray(row, dtype=np.float64)
+    m = float(z.max())
+    return float(np.exp(z[token] - m) / np.exp(z - m).sum())
+
+
 class PredictiveResponder:
     """Session: ``update(partial)`` while the user speaks, ``finish()`` once at the end."""
 
@@ -246,6 +265,9 @@ class PredictiveResponder:
         self._judge_state = model.new_state() if self.kind == "reflection" and self.speculative else None
         self._yes, self._no = self._answer_ids("yes"), self._answer_ids("no")
         self._synth_per_char: float | None = None
+        self._user_suffix = _user_suffix_len(self.tok, cfg.system)
+        #: (user text, prompt position, token) of the end-of-turn probe a run is reading
+        self._probing: tuple[str, int, int] | None = None
         self.restart(history)
 
     def restart(self, history: list[dict[str, str]] | None = None) -> None:
@@ -261,6 +283,8 @@ class PredictiveResponder:
         self._cut_off = False  # the last speculation stopped before its first sentence ended
         self._last_first = ""  # the first sentence the previous update produced
         self.finished = False
+        #: P(the user's message ends here) per user text, read where a run had the row anyway
+        self.end_probs: dict[str, float] = {}
 
     # ---- prompts -------------------------------------------------------------------------
     def prompt_ids(self, partial: str) -> list[int]:
@@ -300,6 +324,8 @@ class PredictiveResponder:
         prompt = self.prompt_ids(partial)
         prefix = list(self.candidate) if resume else []
         judge_forwards = 0
+        # the end-of-turn probe rides along in the run's first pass; a resumed run's prompt had it
+        self._probing = None if resume else self._probe_at(partial, prompt)
         if self.drafter is not None and resume:
             self.drafter.set_history([])
         elif self.drafter is not None:
@@ -315,7 +341,49 @@ class PredictiveResponder:
             one_pass = first if self.one_pass_first else 0
             self.drafter.set_history(self.candidate, forced=forced, first_chunk=one_pass)
         gen = GenerationConfig(max_tokens=max(1, self.cfg.max_tokens - len(prefix)), max_draft_nodes=512)
-        return self.decoder.generate(prompt + prefix, gen), prefix, judge_forwards
+        if self._probing is None:
+            return self.decoder.generate(prompt + prefix, gen), prefix, judge_forwards
+        return self.decoder.generate(prompt, gen, probe=self._probing[1]), prefix, judge_forwards
+
+    # ---- end of turn ---------------------------------------------------------------------
+    def _probe_at(self, partial: str, prompt: list[int]) -> tuple[str, int, int] | None:
+        """Where the prompt's user text ends (the position of the chat template's
+        end-of-user-message token), when its probability is wanted and can be read."""
+        k = len(prompt) - self._user_suffix
+        if not self.backend.in_process or self._user_suffix < 1 or not 0 < k < len(prompt) - 1:
+            return None
+        if _norm(partial) in self.end_probs:
+            return None
+        return _norm(partial), k, prompt[k]
+
+    def _take_probe(self) -> None:
+        """Store the probability the last run's probe read (once its first pass ran)."""
+        row = getattr(self.decoder, "probe_row", None)
+        if self._probing is None or row is None:
+            return
+        text, _, token = self._probing
+        self.end_probs[text] = _token_prob(row, token)
+        self._probing = None
+        self.decoder.probe_row = None
+
+    def end_of_turn_prob(self, text: str) -> float | None:
+        """P(the user's message ends after ``text``): the answering model's probability of its
+        chat template's end-of-user-message token right after the text, with the system prompt
+        and history it answers with. Read for free in the passes a speculation runs on the
+        text (``end_probs``); otherwise the prompt is prefilled now (the work a later answer
+        to it reuses). None where the backend cannot give the row (a remote engine) or the
+        template has no such token."""
+        text = _norm(text)
+        if text in self.end_probs or not text:
+            return self.end_probs.get(text)
+        prompt = self.prompt_ids(text)
+        probing = self._probe_at(text, prompt)
+        if probing is None:
+            return None
+        self._probing = probing
+        self.decoder.prefill(prompt, probe=probing[1])
+        self._take_probe()
+        return self.end_probs.get(text)
 
     @staticmethod
     def _forwards(judge_forwards: int, st: GenerationStats) -> int:
@@ -332,6 +400,7 @@ class PredictiveResponder:
         stats = GenerationStats()
         try:
             for ev in events:
+                self._take_probe()
                 stats = ev.stats  # the generation's totals (final once it is over or closed)
                 out.extend(ev.tokens)
                 if first_end < 0:
@@ -345,6 +414,7 @@ class PredictiveResponder:
                     break  # the partial candidate is kept: the next update verifies and extends it
         finally:
             events.close()
+        self._take_probe()
         text = self.tok.decode(out)
         # cut off by a deadline before the first sentence ended: no first sentence (yet)
         cut_off = first_end < 0 and not stats.finish_reason
@@ -417,7 +487,10 @@ class PredictiveResponder:
         t0 = time.perf_counter()
         if self.mode in ("cascade", "prefill") or not partial:
             if self.mode == "prefill" and partial:
-                self.decoder.prefill(self.prompt_ids(partial))
+                prompt = self.prompt_ids(partial)
+                self._probing = self._probe_at(partial, prompt)
+                self.decoder.prefill(prompt, probe=None if self._probing is None else self._probing[1])
+                self._take_probe()
             self.partial = self.latest = partial
             u = CandidateUpdate(partial, "", "", seconds=time.perf_counter() - t0)
             self.updates.append(u)
@@ -550,6 +623,7 @@ class PredictiveResponder:
                 text = self.tok.decode(out)
                 yield from parts(complete=False)
             for ev in events:
+                self._take_probe()
                 n_steps += 1
                 stats = ev.stats
                 out.extend(ev.tokens)
