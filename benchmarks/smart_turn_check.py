@@ -334,7 +334,7 @@ def main() -> int:
         f"1-min load average {timing['load_avg_1min']} on {timing['cores']} cores (a shared machine).",
         "",
         f"The model itself is sensitive to the last bit of 16-bit audio: on the {lsb['clips']} clips "
-        "that are not int16 already (TTS resampled to 16 kHz, synthetic), rounding to int16 moves "
+        "that are not int16 already (the TTS clips, resampled to 16 kHz), rounding to int16 moves "
         f"Pipecat's own probability by up to {lsb['max_abs_diff']:.3f} ({lsb['flips']} crossings of "
         f"{THRESHOLD}). Its output is quantized (int8 model): the logits seen sit on a grid "
         f"(smallest gap {lsb['logit_step']:.4f}), so equal preprocessing gives equal numbers.",
