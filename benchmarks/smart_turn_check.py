@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 
 PIPECAT = "pipecat-ai==1.14.0"
-LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 ESPEAK_TEXTS = (
     "What time does the train leave tomorrow morning?",
     "I would like to book a table for two at",
@@ -172,6 +171,7 @@ def to_pcm(a: np.ndarray) -> np.ndarray:
 
 def make_clips(tmp: Path, say=print) -> tuple[dict[str, np.ndarray], list[str]]:
     from speclive.asr.audio import load_audio
+    from speclive.bench.asr import LIBRIVOX  # pocketsphinx-testdata's LibriVox WAVs
 
     sources: dict[str, np.ndarray] = {}
     notes: list[str] = []
