@@ -8,6 +8,7 @@ SmolLM2-135M (fp32 transformers), speech is Piper's through the real Silero VAD.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -245,3 +246,31 @@ def test_a_cut_off_answer_stops_when_the_user_goes_on_and_the_whole_turn_is_answ
     assert vc.history[0] == {"role": "user", "content": first}
     assert vc.history[1]["role"] == "assistant" and (not played or vc.history[1]["content"] == played)
     assert vc.history[-2] == {"role": "user", "content": f"{first} {rest}"}
+
+
+def test_cli_semantic_json_gives_each_turn_its_timeline_and_the_playbacks(tmp_path, piper, capsys):
+    """Two turns in one WAV, the second with a 0.8 s pause in the middle: two turns in the JSON,
+    each with the VAD's end of speech, the decision and the first audio on the input's clock."""
+    from speclive.cli import main
+    from speclive.tts.base import Audio, write_wav
+
+    q1 = _speech(piper, "What is the capital of France?")
+    a, b = _speech(piper, "And what about"), _speech(piper, "the capital of Spain?")
+    audio = np.concatenate([_z(0.5), q1, _z(6.0), a, _z(0.8), b, _z(4.0)])
+    wav = tmp_path / "two.wav"
+    write_wav(wav, Audio(audio, SAMPLE_RATE, 0.0))
+    args = ["live", "chat", str(wav), "--model", "smollm2-135m-instruct", "--max-tokens", "12"]
+    assert main([*args, "--turn-detection", "semantic", "--eagerness", "low", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["turn_detection"] == "semantic"
+    assert len(d["turns"]) == 2
+    t1, t2 = d["turns"]
+    assert "france" in t1["transcript"].lower() and "spain" in t2["transcript"].lower()
+    for t in d["turns"]:
+        assert t["speech_end_t"] <= t["decided_t"] <= t["audio_start_t"]
+    pause_at = len(np.concatenate([_z(0.5), q1, _z(6.0), a])) / SAMPLE_RATE
+    assert t2["speech_end_t"] > pause_at  # the pause did not end the second turn
+    assert d["playbacks"] and all(p["end_t"] > p["start_t"] for p in d["playbacks"])
+    assert {p["turn"] for p in d["playbacks"]} == {1, 2}
+    with pytest.raises(SystemExit):
+        main([*args, "--turn-detection", "psychic"])

@@ -90,6 +90,10 @@ def add_bench_parser(subparsers: Any) -> None:
 
     add_scale_bench_parser(sub)
 
+    from speclive.bench.turns import add_turns_bench_parser
+
+    add_turns_bench_parser(sub)
+
 
 def _options(command: str) -> OptionSet:
     """The option set of a ``bench`` sub-command whose options class is its own."""

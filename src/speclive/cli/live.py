@@ -66,7 +66,31 @@ def add_live_parser(sub: argparse._SubParsersAction) -> None:
         help="a non-speculative baseline instead of PredGen",
     )
     c.add_argument("--verifier", default="greedy", help="PredGen verifier: greedy | topk:K | reflection")
-    c.add_argument("--max-tokens", type=int, default=128)
+    c.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="cap on the answer's tokens (default: 96, the voice sessions' cap)",
+    )
+    c.add_argument(
+        "--turn-detection",
+        default="server_vad",
+        choices=("server_vad", "semantic"),
+        help="server_vad: --end-silence of silence ends a turn; semantic: the end-of-turn policy "
+        "(audio model + the LM's end-of-message probability) ends it at the first short pause",
+    )
+    c.add_argument(
+        "--eagerness",
+        default="auto",
+        choices=("low", "medium", "high", "auto"),
+        help="semantic: how readily a pause ends the turn (low waits longer, high cuts sooner)",
+    )
+    c.add_argument(
+        "--turn-policy",
+        default="fused",
+        choices=("audio", "text", "fused"),
+        help="semantic: the signals read (Smart Turn, the LM, or both)",
+    )
     c.add_argument("--voice", default="piper-joe-medium", help="Piper voice")
     c.add_argument("--no-tts", action="store_true", help="text answers only")
     c.add_argument("--out", default=None, help="write the spoken answers to this WAV file")
@@ -103,6 +127,13 @@ def _line(ev: Any) -> str | None:
         return f"{t} heard: {ev.stable}" + (f" [{ev.tentative}]" if ev.tentative else "")
     if k == "transcript_final":
         return f"{t} transcript: {ev.text}"
+    if k == "turn_prediction":
+        p = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        verdict = "end of turn" if ev.end else "wait"
+        return (
+            f"{t} turn over? audio {p(ev.audio_p)}, text {p(ev.text_p)} -> {p(ev.score)} "
+            f"vs {ev.bar:.2f} after {ev.silence_s:.2f}s of silence: {verdict}"
+        )
     if k == "speculation":
         ready = ", audio ready" if ev.presynthesized else ""
         return f"{t} speculated ({ev.accepted}/{ev.drafted} kept{ready}): {ev.first_sentence}"
@@ -126,6 +157,17 @@ def _line(ev: Any) -> str | None:
     return None
 
 
+def _turn_json(ev: Any) -> dict[str, Any]:
+    """A turn's metrics, with its timeline on the input's clock at the top level: the VAD's end
+    of speech, when the turn was decided over, when its first answer audio started."""
+    out = ev.to_json()
+    extra = out.get("extra", {})
+    for k in ("decided_t", "audio_start_t"):
+        v = extra.get(k)
+        out[k] = None if v is None else round(v, 4)
+    return out
+
+
 def cmd_live(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -133,6 +175,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     from speclive.engines.options import check_engine_args, vllm_urls
     from speclive.live.build import LiveModelsConfig, load_live_models, make_pipeline
     from speclive.live.clock import VirtualClock, WallClock, play
+    from speclive.live.turnpolicy import TurnPolicyConfig
     from speclive.live.vad import TurnConfig
     from speclive.live.voicechat import voice_predgen
     from speclive.sessions.predictive import _parse_verifier
@@ -144,10 +187,15 @@ def cmd_live(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.input} holds no audio samples")
     turn = TurnConfig(pause_s=args.pause, end_s=args.end_silence, max_turn_s=args.max_turn)
     turn.validate()
+    semantic = getattr(args, "turn_detection", "server_vad") == "semantic"
+    policy = TurnPolicyConfig(kind=args.turn_policy, eagerness=args.eagerness) if semantic else None
+    if policy is not None:
+        policy.resolved()  # a bad setting fails before any model loads
     predgen = retranslate = None
     if args.kind == "chat":
         _parse_verifier(args.verifier)
-        predgen = voice_predgen(verifier=args.verifier, max_tokens=args.max_tokens)
+        caps = {} if args.max_tokens is None else {"max_tokens": args.max_tokens}
+        predgen = voice_predgen(verifier=args.verifier, **caps)
     elif args.kind == "translate":
         retranslate = RetranslateConfig(target_lang=args.target_lang, beta=args.beta, mask_k=args.mask_k)
         retranslate.validate()
@@ -178,6 +226,8 @@ def cmd_live(args: argparse.Namespace) -> int:
         turn=turn,
         predgen=predgen,
         retranslate=retranslate,
+        turn_detection="semantic" if semantic else "server_vad",
+        policy=policy,
     )
 
     def show(ev: Any) -> None:
@@ -187,7 +237,7 @@ def cmd_live(args: argparse.Namespace) -> int:
                 print(line, flush=True)
 
     res = play(pipe, audio, on_event=show)
-    turns = [ev.to_json() for ev in res.events if ev.type == "turn_metrics"]
+    turns = [_turn_json(ev) for ev in res.events if ev.type == "turn_metrics"]
     notices = [ev.to_json() for ev in res.events if ev.type == "notice"]
     if args.out:
         from speclive.tts.base import Audio, write_wav
@@ -209,7 +259,12 @@ def cmd_live(args: argparse.Namespace) -> int:
                     "mode": mode,
                     "input_s": round(res.input_s, 3),
                     "max_lag_s": round(res.max_lag_s, 3),
+                    "turn_detection": "semantic" if semantic else "server_vad",
                     "turns": turns,
+                    "playbacks": [
+                        {k: p[k] for k in ("turn", "start_t", "end_t", "cut")}
+                        for p in getattr(pipe, "playbacks", [])
+                    ],
                     "notices": notices,
                 },
                 ensure_ascii=False,
