@@ -35,6 +35,7 @@ per turn against the cascade with the 0.5 s silence. Optionally Pipecat 1.14 on 
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import time
@@ -48,6 +49,7 @@ import numpy as np
 from speclive.bench import report
 from speclive.bench.asr_stream import paired_ratio, ratio_text
 from speclive.bench.exactness import ar_logit_gap, first_divergence
+from speclive.bench.pipecat_peer import run_pipecat
 from speclive.bench.turnset import load_turnset, turns
 from speclive.cli.flags import OptionSet, option
 from speclive.loader import BACKENDS, DEFAULT_MODEL
@@ -609,6 +611,7 @@ def run_turns_bench(opts: TurnsBenchOptions, log: Callable[[str], None] = print)
             "long pause s": LONG_PAUSE_S,
         },
         "command": opts.command,
+        "env": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
     }
     for line in report.header_lines(header):
         log(line)
@@ -645,8 +648,10 @@ def run_turns_bench(opts: TurnsBenchOptions, log: Callable[[str], None] = print)
                 bar.update(1)
         bar.close()
         if opts.peer == "pipecat":
-            records += pipecat_records(conv_list, opts, log)
+            peer_info: dict[str, Any] = {}
+            records += pipecat_records(conv_list, opts, log, peer_info)
             configs.append(("pipecat", "pipecat"))
+            header["peer"] = peer_info
         reference_answers(models, records, opts.max_tokens, log)
         result["records"] = records
         result["summary"] = summarize(records, configs)
@@ -667,23 +672,26 @@ def _separation(rows: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
     }
 
 
-def pipecat_records(conv_list, opts: TurnsBenchOptions, log) -> list[dict[str, Any]]:
-    """Pipecat 1.14 on the same conversations, scored like speclive's runs."""
-    from speclive.bench.pipecat_peer import run_pipecat
-
+def pipecat_records(conv_list, opts: TurnsBenchOptions, log, info: dict[str, Any]) -> list[dict[str, Any]]:
+    """Pipecat 1.14 on the same conversations, scored like speclive's runs (``info`` receives
+    its versions and settings)."""
     pcfg = voice_config(opts.max_tokens)
-    got = run_pipecat(
-        [
-            {
-                "id": c[0]["conversation"],
-                "turns": [{"id": t["id"], "wav": t["path"], "duration_s": t["duration_s"]} for t in c],
-            }
-            for c in conv_list
-        ],
-        system_prompt=pcfg.system,
-        max_tokens=opts.max_tokens,
-        log=log,
-    )
+    jobs = [
+        {
+            "id": c[0]["conversation"],
+            "turns": [
+                {
+                    "id": t["id"],
+                    "wav": t["path"],
+                    "duration_s": t["duration_s"],
+                    "speech_end_s": t["speech_end_t"],
+                }
+                for t in c
+            ],
+        }
+        for c in conv_list
+    ]
+    got = run_pipecat(jobs, system_prompt=pcfg.system, max_tokens=opts.max_tokens, log=log, info=info)
     by_id = {r["id"]: r for r in got}
     out = []
     for conv in conv_list:
@@ -701,7 +709,8 @@ def pipecat_records(conv_list, opts: TurnsBenchOptions, log) -> list[dict[str, A
                 "text": t["text"],
                 **score_turn(t, 0.0, spans, (0.0, float("inf"))),
                 "transcript": " ".join(x for _, x in r.get("transcripts") or []),
-                "answer": " ".join(r.get("answers") or []),
+                "answer": " ".join(a for a in r.get("answers") or [] if a),
+                "timed_out": r.get("timed_out"),
             }
             out.append(rec)
     return out
@@ -932,6 +941,10 @@ def add_turns_bench_parser(sub: Any) -> None:
 def cmd_turns(args: Any) -> int:
     import sys
 
+    # several runtimes share the cores (Whisper, llama.cpp, ONNX models): OpenMP threads that
+    # spin after their work would take the CPU from the next model (the Pipecat peer gets the
+    # same setting)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     opts = OPTIONS.build(args)
     opts.command = OPTIONS.command(["speclive", "bench", "turns"], opts)
     for pol in opts.policies:
