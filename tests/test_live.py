@@ -343,6 +343,32 @@ def test_live_transcriber_and_bad_modes(hf_smol, piper):
         lt.push(np.zeros(10, np.float32))
 
 
+# ---- the voice system prompt (no model) -----------------------------------------------------
+def test_voice_sessions_use_the_voice_prompt_and_text_sessions_keep_predgens():
+    from speclive.live.build import LiveModels, LiveModelsConfig
+    from speclive.live.vad import TurnConfig
+    from speclive.live.voicechat import VOICE_MAX_TOKENS, VOICE_SYSTEM_PROMPT, voice_predgen
+    from speclive.server.realtime import SessionSettings, _pipeline_for
+    from speclive.sessions.predictive import SYSTEM_PROMPT
+
+    # the voice prompt keeps PredGen's truncated-input instruction and asks for spoken style
+    assert VOICE_SYSTEM_PROMPT.startswith(SYSTEM_PROMPT) and VOICE_SYSTEM_PROMPT != SYSTEM_PROMPT
+    for words in ("one to three short spoken sentences", "markdown", "lists", "emojis", "code"):
+        assert words in VOICE_SYSTEM_PROMPT
+    cfg = voice_predgen(verifier="topk:3")
+    assert cfg.system == VOICE_SYSTEM_PROMPT and cfg.max_tokens == VOICE_MAX_TOKENS == 96
+    assert cfg.verifier == "topk:3" and cfg.line_breaks and cfg.first_clause_words > 0
+    assert voice_predgen(system="custom", max_tokens=40).system == "custom"
+    # VoiceChat without settings and the server's realtime voice session get the voice prompt
+    assert VoiceChat(object(), None).pcfg.system == VOICE_SYSTEM_PROMPT  # type: ignore[arg-type]
+    models = LiveModels(LiveModelsConfig(), transcriber=object(), llm=object())
+    pipe = _pipeline_for(SessionSettings(mode="chat"), models, TurnConfig())
+    assert isinstance(pipe, VoiceChat)
+    assert pipe.pcfg.system == VOICE_SYSTEM_PROMPT and pipe.pcfg.max_tokens == VOICE_MAX_TOKENS
+    # text sessions (speclive predgen, bench predgen: PredGenConfig's defaults) keep PredGen's
+    assert PredGenConfig().system == SYSTEM_PROMPT and PredGenConfig().max_tokens == 256
+
+
 # ---- the CLI, end to end with the real Whisper ---------------------------------------------
 def test_cli_live_chat_and_transcribe(tmp_path, piper, capsys):
     from speclive.tts.base import Audio, write_wav

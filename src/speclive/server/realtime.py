@@ -239,7 +239,7 @@ def _pipeline_for(s: SessionSettings, models: LiveModels, turn: TurnConfig):
                 mode=s.method,
                 clock=WallClock(),
                 turn=turn,
-                predgen=voice_predgen(verifier=s.verifier, max_tokens=96),
+                predgen=voice_predgen(verifier=s.verifier),  # the voice prompt, VOICE_MAX_TOKENS
                 speak=s.speak,
             )
         if s.mode == "translate":
