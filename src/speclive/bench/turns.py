@@ -62,6 +62,8 @@ LONG_PAUSE_S = 0.4
 #: eagerness -> most false cut-offs (share of long mid-turn pauses) its preset may make on dev
 BUDGETS = {"low": 0.0, "medium": 0.05, "high": 0.10}
 SAMPLE_RATE = 16_000
+#: samples fed at a time in the live stage
+CHUNK = 512
 
 
 @dataclass
@@ -352,9 +354,10 @@ def _policy_config(name: str, eagerness: str):
 def _conversation_audio(
     conv: list[dict[str, Any]], pipe, offsets: list[float], max_wait_s: float = 20.0
 ) -> Iterator[np.ndarray]:
-    """Each turn's WAV in 0.1 s chunks, then silence until its answer has played (at most
-    ``max_wait_s``); ``offsets`` receives each turn's start on the input clock."""
-    chunk = int(0.1 * SAMPLE_RATE)
+    """Each turn's WAV in 32 ms chunks (a VAD frame; WebRTC sends 20 ms), then silence until
+    its answer has played (at most ``max_wait_s``); ``offsets`` receives each turn's start on
+    the input clock."""
+    chunk = CHUNK
     sent = 0
     for t in conv:
         offsets.append(sent / SAMPLE_RATE)
@@ -371,9 +374,9 @@ def _conversation_audio(
             if not pipe.working and not playing:
                 break
             sent += chunk
-            waited += 0.1
+            waited += chunk / SAMPLE_RATE
             yield silence
-        for _ in range(3):  # a short gap between turns
+        for _ in range(10):  # a short gap between turns
             sent += chunk
             yield silence
 
@@ -608,6 +611,7 @@ def run_turns_bench(opts: TurnsBenchOptions, log: Callable[[str], None] = print)
             "eagerness": opts.eagerness,
             "max_tokens": opts.max_tokens,
             "clock": "simulated, compute charged (VirtualClock)",
+            "chunk s": CHUNK / SAMPLE_RATE,
             "long pause s": LONG_PAUSE_S,
         },
         "command": opts.command,

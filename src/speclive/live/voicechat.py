@@ -120,6 +120,9 @@ class VoiceChat(LivePipeline):
         #: every stretch of answer audio played: ``turn``, ``start_t``, ``end_t`` (clock
         #: times) and ``cut`` (the user's speech stopped it there)
         self.playbacks: list[dict[str, Any]] = []
+        #: the history length whose prefix is in the LM's cache (-1: none), and the seconds spent
+        self._warm_for = -1
+        self._prefix_s = 0.0
 
     # ---- turn hooks -------------------------------------------------------------------------
     def _new_responder(self) -> PredictiveResponder:
@@ -233,7 +236,9 @@ class VoiceChat(LivePipeline):
         if self.reply is not None:
             return self._reply_steps(deadline)
         turn, r = self.turn, self.responder
-        if turn is None or turn.ended or r is None or self.mode == "cascade":
+        if turn is None or (turn.ended and turn.end_done):
+            return self._warm_prefix()
+        if turn.ended or r is None or self.mode == "cascade":
             return None
         text = turn.final if turn.final is not None else turn.partial
         if not text or (text == r.latest and not r.incomplete):
@@ -271,6 +276,19 @@ class VoiceChat(LivePipeline):
                 presynthesized=r.presynth is not None and r.presynth[0] == u.first_sentence,
             )
         ]
+
+    def _warm_prefix(self) -> list[Event] | None:
+        """While nobody speaks: the system prompt and the history so far into the LM's cache
+        (once per history), so the next turn's first pass computes only its own words. Every
+        method does it, as a server caches its system prompt."""
+        if self._warm_for == len(self.history):
+            return None
+        t0 = time.perf_counter()
+        r = self._new_responder()
+        r.decoder.prefill(r.prompt_ids(""))
+        self._warm_for = len(self.history)
+        self._prefix_s += time.perf_counter() - t0
+        return []
 
     def _reply_steps(self, deadline: float | None) -> list[Event]:
         """Parts of the answer until ``deadline`` (one part without one), a sentence's audio or
