@@ -123,6 +123,8 @@ class VoiceChat(LivePipeline):
         #: the history length whose prefix is in the LM's cache (-1: none), and the seconds spent
         self._warm_for = -1
         self._prefix_s = 0.0
+        #: the figures of an answered turn its speaker may still take up again
+        self._held: tuple[TurnMetrics, _Turn] | None = None
 
     # ---- turn hooks -------------------------------------------------------------------------
     def _new_responder(self) -> PredictiveResponder:
@@ -165,6 +167,7 @@ class VoiceChat(LivePipeline):
         was played of it stays in the history, after the words it answered."""
         now = self.clock()
         events: list[Event] = []
+        self._held = None  # the turn goes on: it is answered (and counted) when it ends again
         if any(p.start < now for p in self.playing):
             events = self._interrupt(now, reopen=True)
         if self.reply is not None:
@@ -233,6 +236,9 @@ class VoiceChat(LivePipeline):
 
     # ---- compute ----------------------------------------------------------------------------
     def _work(self, deadline: float | None) -> list[Event] | None:
+        held = self._release_held()
+        if held:
+            return held
         if self.reply is not None:
             return self._reply_steps(deadline)
         turn, r = self.turn, self.responder
@@ -281,7 +287,7 @@ class VoiceChat(LivePipeline):
         """While nobody speaks: the system prompt and the history so far into the LM's cache
         (once per history), so the next turn's first pass computes only its own words. Every
         method does it, as a server caches its system prompt."""
-        if self._warm_for == len(self.history):
+        if self.closed or self._warm_for == len(self.history):
             return None
         t0 = time.perf_counter()
         r = self._new_responder()
@@ -369,7 +375,25 @@ class VoiceChat(LivePipeline):
             {"role": "assistant", "content": resp.response},
         ]
         m = self._metrics(turn, resp)
+        if self._within_predicted(turn):
+            # the speaker may still go on (the policy ended the turn): the turn's figures wait
+            # until that is over, as a turn taken up again is answered, and counted, once more
+            self._held = (m, turn)
+            return []
         return [m]
+
+    def _release_held(self, force: bool = False) -> list[Event]:
+        """The held figures of the last answered turn, once its speaker can no longer go on."""
+        if self._held is None:
+            return []
+        m, turn = self._held
+        if not force and self._within_predicted(turn):
+            return []
+        self._held = None
+        return [m]
+
+    def close(self) -> list[Event]:
+        return super().close() + self._release_held(force=True)
 
     def _metrics(self, turn: _Turn, resp) -> TurnMetrics:
         r = self.responder
