@@ -52,6 +52,7 @@ from speclive.bench.exactness import ar_logit_gap, first_divergence
 from speclive.bench.pipecat_peer import run_pipecat
 from speclive.bench.turnset import load_turnset, turns
 from speclive.cli.flags import OptionSet, option
+from speclive.live.turnpolicy import TEXT_WEIGHT as FUSED_W
 from speclive.loader import BACKENDS, DEFAULT_MODEL
 
 #: live policies: ``silence:S`` (the VAD timeout alone, S seconds), ``audio``, ``text``, ``fused``
@@ -59,8 +60,13 @@ POLICIES = ("silence:0.5", "silence:0.8", "audio", "text", "fused")
 METHODS = ("predgen", "prefill", "preemptive")
 #: mid-turn pauses at least this long count for the false-cut-off target
 LONG_PAUSE_S = 0.4
+#: a VAD speech end this close to the true end (or later) is the end of the turn
+END_TOLERANCE_S = 0.15
 #: eagerness -> most false cut-offs (share of long mid-turn pauses) its preset may make on dev
-BUDGETS = {"low": 0.0, "medium": 0.05, "high": 0.10}
+BUDGETS = {"low": 0.15, "medium": 0.20, "high": 0.30}
+#: the sweep's grid
+THRESHOLDS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99)
+FALLBACKS = (0.6, 0.8, 1.0, 1.2, 1.6, 2.0)
 SAMPLE_RATE = 16_000
 #: samples fed at a time in the live stage
 CHUNK = 512
@@ -94,6 +100,11 @@ class TurnsBenchOptions:
     )
     limit: int = option(0, "--limit", parse=int, help="conversations per split (0: all)", always=True)
     peer: str = option("none", "--peer", choices=("none", "pipecat"), always=True)
+    signals_from: str = option(
+        "",
+        "--signals-from",
+        help="stage 1: re-score the signals of this earlier result file instead of computing them",
+    )
     out: Path = report.out_option()
     tag: str = option("", "--tag", help="results name: turns-<tag>.*", always=True)
     plot: bool = report.plot_option()
@@ -139,15 +150,15 @@ def vad_pauses(audio: np.ndarray, min_silence_s: float = 0.1) -> list[dict[str, 
 
 
 def classify(p: dict[str, Any], turn: dict[str, Any]) -> dict[str, Any]:
-    """The pause against the ground truth: ``end`` (the speech before it is the turn's last),
-    or ``mid`` with the true pause it falls in (``true_pause_s``; 0 inside speech)."""
-    last_piece = turn["piece_spans"][-1][0] if turn.get("piece_spans") else turn["speech_start_t"]
-    is_end = p["resume"] is None or p["speech_end"] > last_piece
+    """The pause against the ground truth: ``end`` (the VAD's speech end is the turn's true end,
+    within ``END_TOLERANCE_S``), or ``mid`` with the true pause it falls in (``true_pause_s``;
+    0 for a gap inside speech)."""
+    is_end = p["speech_end"] >= turn["speech_end_t"] - END_TOLERANCE_S
     true_len = 0.0
     for a, b in turn["pauses"]:
         if a - 0.25 <= p["speech_end"] <= b:
             true_len = b - a
-    return {**p, "label": "end" if is_end else "mid", "true_pause_s": true_len}
+    return {**p, "label": "end" if is_end else "mid", "true_pause_s": 0.0 if is_end else true_len}
 
 
 def collect_signals(
@@ -221,6 +232,18 @@ def collect_signals(
     return rows
 
 
+def rescore(rows: Sequence[dict[str, Any]], manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Signals computed earlier, labelled again against the turn set's ground truth."""
+    by_id = {t["id"]: t for t in turns(manifest)}
+    out = []
+    for r in rows:
+        t = by_id[r["turn"]]
+        r = classify({k: r[k] for k in ("speech_end", "at", "resume")} | r, t)
+        r["vad_lag_s"] = r["speech_end"] - t["speech_end_t"] if r["label"] == "end" else None
+        out.append(r)
+    return out
+
+
 def voice_config(max_tokens: int):
     """The voice chat's PredGen settings, with the benchmark's answer length."""
     from speclive.live.voicechat import voice_predgen
@@ -245,11 +268,14 @@ def evaluate(rows: Sequence[dict[str, Any]], policy, text_key: str = "text_p") -
     long_mid = cut_long = mid = cut = 0
     waits: list[float] = []
     by_turn_cut: dict[str, bool] = {}
+    ended: set[str] = set()
     for r in rows:
         sig = TurnSignals(audio=r["audio_p"], text=r[text_key])
         need = policy.silence_needed(sig)
         if r["label"] == "end":
-            waits.append(max(0.0, r["vad_lag_s"] or 0.0) + need)
+            if r["turn"] not in ended:  # the first pause at the end decides (later ones: noise)
+                ended.add(r["turn"])
+                waits.append(max(0.0, r["vad_lag_s"] or 0.0) + need)
             continue
         # the policy ends a pause it needs less silence for than there was (decided at a frame)
         there = (r["resume"] or 1e9) - r["speech_end"]
@@ -275,27 +301,16 @@ def evaluate(rows: Sequence[dict[str, Any]], policy, text_key: str = "text_p") -
 def sweep(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every policy kind over a grid of thresholds, fallbacks (and fused weights)."""
     out = []
-    for s in (0.3, 0.5, 0.8, 1.0, 1.2, 1.6, 2.0):
-        out.append(
-            {
-                "kind": "silence",
-                "threshold": None,
-                "max_silence": s,
-                **evaluate(rows, _policy("silence", 0.5, s)),
-            }
-        )
-    grid = [round(x, 2) for x in np.linspace(0.05, 0.95, 19)]
-    for kind, weights in (
-        ("audio", (0.5,)),
-        ("text", (0.5,)),
-        ("text_norm", (0.5,)),
-        ("fused", (0.3, 0.5, 0.7)),
-    ):
+    for s in (0.3, 0.4, 0.5, *FALLBACKS):
+        ev = evaluate(rows, _policy("silence", 0.5, s))
+        out.append({"kind": "silence", "threshold": None, "max_silence": s, **ev})
+    kinds = (("audio", (0.5,)), ("text", (0.5,)), ("text_norm", (0.5,)), ("fused", (0.5, 0.7, 0.8, 0.9)))
+    for kind, weights in kinds:
+        pk = "text" if kind == "text_norm" else kind
+        key = "text_p_norm" if kind == "text_norm" else "text_p"
         for w in weights:
-            for th in grid:
-                for s in (0.8, 1.2, 1.6, 2.0):
-                    pk = "text" if kind == "text_norm" else kind
-                    key = "text_p_norm" if kind == "text_norm" else "text_p"
+            for th in THRESHOLDS:
+                for s in FALLBACKS:
                     ev = evaluate(rows, _policy(pk, th, s, w), key)
                     out.append({"kind": kind, "w": w, "threshold": th, "max_silence": s, **ev})
     return out
@@ -621,7 +636,11 @@ def run_turns_bench(opts: TurnsBenchOptions, log: Callable[[str], None] = print)
         log(line)
     result: dict[str, Any] = {"header": header}
     if opts.stage in ("signals", "all"):
-        rows = collect_signals(models, manifest, opts.limit, log)
+        if opts.signals_from:
+            rows = rescore(json.loads(Path(opts.signals_from).read_text())["signals"], manifest)
+            header["settings"]["signals from"] = opts.signals_from
+        else:
+            rows = collect_signals(models, manifest, opts.limit, log)
         dev = [r for r in rows if r["split"] == "dev"]
         test = [r for r in rows if r["split"] == "test"]
         result["signals"] = rows
@@ -863,7 +882,7 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
                 if r["kind"] == kind
                 and r["false_cutoffs"] is not None
                 and r["wait_p50"] is not None
-                and (kind != "fused" or r.get("w") == 0.5)
+                and (kind != "fused" or r.get("w") == FUSED_W)
             ]
             front = _pareto(pts)
             if front:
