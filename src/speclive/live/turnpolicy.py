@@ -35,11 +35,11 @@ EAGERNESS = ("low", "medium", "high", "auto")
 #: and the text probability's weight in it: calibrated on the turn set's dev split, the fastest
 #: setting within 15 / 20 / 30 % false cut-offs (docs/turns.md)
 PRESETS: dict[str, tuple[float, float]] = {
-    "low": (0.7, 1.6),
-    "medium": (0.5, 1.2),
-    "high": (0.3, 0.8),
+    "low": (0.9, 2.0),
+    "medium": (0.4, 2.0),
+    "high": (0.3, 2.0),
 }
-TEXT_WEIGHT = 0.5
+TEXT_WEIGHT = 0.9
 
 
 @dataclass
