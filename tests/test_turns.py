@@ -27,7 +27,9 @@ from speclive.sessions.predictive import PredGenConfig, PredictiveResponder
 
 # ---- the policy ------------------------------------------------------------------------------
 def test_policy_bar_falls_with_the_silence_and_the_fallback_ends_every_turn():
-    p = TurnPolicy(TurnPolicyConfig(kind="fused", threshold=0.6, min_silence_s=0.1, max_silence_s=1.1))
+    p = TurnPolicy(
+        TurnPolicyConfig(kind="fused", threshold=0.6, min_silence_s=0.1, max_silence_s=1.1, text_weight=0.5)
+    )
     assert p.bar(0.05) > 1.0  # before the first check nothing ends the turn
     assert p.bar(0.1) == pytest.approx(0.6)
     assert p.bar(0.6) == pytest.approx(0.3)
