@@ -12,6 +12,8 @@ const st = {
   ws: null,
   ctx: null,
   stream: null,
+  src: null,
+  echo: false, // the open capture cancels echo
   node: null,
   playAt: 0,
   sources: [],
@@ -85,27 +87,62 @@ function connect() {
 }
 
 // ---- microphone -------------------------------------------------------------------------
+// What the page asks of the microphone. Noise suppression and automatic gain control are off in
+// every mode: Whisper hears speech as it was recorded, and they reshape it (noise suppression
+// takes parts of the voice's spectrum for noise, the gain control pumps it up to clipping).
+// Echo cancellation is on only in voice chat, where the answer plays through the speakers and
+// would otherwise come back as the user speaking over it; it alters the waveform too, so the
+// modes that play nothing go without it.
+function micConstraints(echo) {
+  return { audio: { channelCount: 1, echoCancellation: echo, noiseSuppression: false, autoGainControl: false } };
+}
+
+async function openCapture() {
+  const echo = st.mode === "chat";
+  const stream = await navigator.mediaDevices.getUserMedia(micConstraints(echo));
+  st.stream = stream;
+  st.echo = echo;
+  st.src = st.ctx.createMediaStreamSource(stream);
+  if (st.node) st.src.connect(st.node);
+}
+
+function closeCapture() {
+  if (st.src) { st.src.disconnect(); st.src = null; }
+  if (st.stream) { st.stream.getTracks().forEach((t) => t.stop()); st.stream = null; }
+}
+
 async function startMic() {
   st.ctx = st.ctx || new AudioContext();
   await st.ctx.resume();
   await st.ctx.audioWorklet.addModule("/static/worklet.js");
-  st.stream = await navigator.mediaDevices.getUserMedia({
-    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
-  });
+  await openCapture();
   if (!st.ws) await connect();
-  const src = st.ctx.createMediaStreamSource(st.stream);
   st.node = new AudioWorkletNode(st.ctx, "pcm16-writer");
   st.node.port.onmessage = (m) => send({ type: "input_audio_buffer.append", audio: b64FromBytes(m.data) });
-  src.connect(st.node);
+  st.src.connect(st.node);
   st.node.connect(st.ctx.destination); // silent: keeps the worklet pulled
   body.dataset.state = "listening";
   $("#mic").textContent = "■ Stop";
   setStatus("listening");
+  matchCaptureToMode(); // the mode changed while the microphone opened
+}
+
+// A mode that needs the other echo setting reopens the microphone with it (browsers do not
+// switch a running track's audio processing reliably); the worklet and the connection stay.
+// One reopening at a time, in the order of the mode changes.
+let reopening = Promise.resolve();
+function matchCaptureToMode() {
+  reopening = reopening.then(async () => {
+    if (!st.node || st.echo === (st.mode === "chat")) return;
+    closeCapture();
+    try { await openCapture(); } catch (err) { setStatus(`microphone: ${err.message}`); stopMic(); }
+    if (!st.node) closeCapture(); // stopped while it opened
+  });
 }
 
 function stopMic() {
   if (st.node) { st.node.port.onmessage = null; st.node.disconnect(); st.node = null; }
-  if (st.stream) { st.stream.getTracks().forEach((t) => t.stop()); st.stream = null; }
+  closeCapture();
   body.dataset.state = "idle";
   $("#mic").textContent = "🎤 Start";
 }
@@ -236,6 +273,7 @@ document.querySelectorAll(".tab").forEach((tab) => tab.addEventListener("click",
   $("#lang-box").hidden = st.mode !== "translate";
   body.dataset.mode = st.mode;
   send(sessionUpdate());
+  matchCaptureToMode();
 }));
 $("#lang").addEventListener("change", () => send(sessionUpdate()));
 body.dataset.mode = st.mode;
