@@ -247,6 +247,34 @@ def test_translation_session_at_16k(rt):
     assert "response.created" not in types  # a translation session does not answer
 
 
+def test_semantic_vad_predicts_the_end_of_the_turn_and_can_be_switched_mid_session(rt):
+    """``turn_detection: semantic_vad``: the session reports the end-of-turn prediction and
+    answers; a bad eagerness is an error and the session goes on; back to server_vad."""
+    url, audio24, _app = rt
+    with _raw(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        _recv_type(ws, "session.created")
+
+        def update(td: dict | None) -> dict:
+            ws.send(json.dumps({"type": "session.update", "session": {"turn_detection": td}}))
+            return json.loads(ws.recv(timeout=30))
+
+        bad = update({"type": "semantic_vad", "eagerness": "eager"})
+        assert bad["type"] == "error" and "eagerness" in bad["error"]["message"], bad
+        s = update({"type": "semantic_vad", "eagerness": "high"})["session"]
+        assert s["turn_detection"] == {"type": "semantic_vad", "eagerness": "high"}
+        for b64 in _chunks(audio24):
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64}))
+            time.sleep(0.1)
+        events = _collect(ws, lambda m: m["type"] == "response.done", timeout=120)
+        types = [m["type"] for m in events]
+        preds = [m for m in events if m["type"] == "speclive.turn_prediction"]
+        assert preds and preds[-1]["end"] and 0 <= preds[-1]["audio_p"] <= 1, types
+        assert types.index("speclive.turn_prediction") < types.index("response.created")
+        assert types.count("response.created") == 1
+        s = update({"type": "server_vad", "silence_duration_ms": 700})["session"]
+        assert s["turn_detection"] == {"type": "server_vad", "silence_duration_ms": 700}
+
+
 def test_disconnect_mid_answer_frees_the_session(rt):
     """The client leaves at the answer's first audio delta (beta event names, asked for by
     header): the session is released and the next session and the REST API serve as before."""

@@ -142,7 +142,7 @@ def make_pipeline(
     (translate, default off: the bundled voice speaks English). ``stream_draft`` /
     ``stream_partials``: the streaming ASR's settings for this pipeline (None: the models').
     ``turn_detection``: ``server_vad`` (a silence of ``turn.end_s`` ends a turn) or
-    ``semantic`` (chat only: ``policy`` ends it, from the audio turn model and the LM).
+    ``semantic`` (``policy`` ends it, from the audio turn model and, in chat, the LM).
     """
     if kind not in KINDS:
         raise ConfigError(f"invalid pipeline {kind!r}; allowed values: {', '.join(KINDS)}")
@@ -154,12 +154,12 @@ def make_pipeline(
         turn_detection=turn_detection,
         policy=policy or TurnPolicyConfig(),
     )
-    if turn_detection == "semantic" and kind != "chat":
-        raise ConfigError(f"semantic turn detection is for the chat pipeline, not {kind!r}")
     if kind == "transcribe":
         from speclive.live.transcriber import LiveTranscriber
 
-        return LiveTranscriber(models.transcriber, live, clock, sample_rate)
+        return LiveTranscriber(
+            models.transcriber, live, clock, sample_rate, turn_model=_turn_model_for(models, live)
+        )
     if models.llm is None:
         raise ConfigError(f"the {kind} pipeline needs an LLM (load_live_models with need_llm=True)")
     if kind == "chat":
@@ -187,6 +187,7 @@ def make_pipeline(
         config=live,
         clock=clock,
         sample_rate=sample_rate,
+        turn_model=_turn_model_for(models, live),
     )
 
 

@@ -455,7 +455,7 @@ class LivePipeline:
         return []
 
     def _mergeable(self, turn: _Turn, at: float | None = None) -> bool:
-        """Whether speech starting now (input time ``at``; None: the newest input) continues
+        """Whether speech starting now (input time ``at``; None: now) continues
         this ended turn: nothing answered it yet, or the policy ended it and the speaker went
         on sooner than the silence timeout would have ended it."""
         return not turn.end_done or self._within_predicted(turn, at)
@@ -463,7 +463,8 @@ class LivePipeline:
     def _within_predicted(self, turn: _Turn, at: float | None = None) -> bool:
         if not turn.predicted or turn.speech_end_t is None or self.policy is None:
             return False
-        at = self.received / SAMPLE_RATE if at is None else at
+        if at is None:  # now: the newest input, or the clock where input stopped coming
+            at = max(self.received / SAMPLE_RATE, self.clock())
         return at - turn.speech_end_t < self.policy.max_silence_s
 
     def _on_reopen(self, turn: _Turn) -> list[Event]:

@@ -43,12 +43,13 @@ class LiveTranslator(LivePipeline):
         config: LiveConfig | None = None,
         clock: Clock | None = None,
         sample_rate: int = 16_000,
+        turn_model=None,
     ):
         if mode not in MODES:
             raise ConfigError(f"invalid mode {mode!r}; allowed values: {', '.join(MODES)}")
         cfg = config or LiveConfig()
         cfg.partials = cfg.early_final = mode != "cascade"
-        super().__init__(transcriber, cfg, clock, sample_rate)
+        super().__init__(transcriber, cfg, clock, sample_rate, turn_model=turn_model)
         rcfg = retranslate or RetranslateConfig()
         rcfg.validate()
         self.rcfg = RetranslateConfig(**{**rcfg.__dict__, "baseline": mode != "ssbd"})

@@ -7,7 +7,8 @@ protocol events. Nothing here decides what to transcribe, speculate or say.
 Client -> server: ``session.update`` (the GA shape ``audio.input.format.rate``,
 ``audio.input.turn_detection``, ``audio.output.voice``, ``output_modalities``, or the beta
 shape ``modalities``, ``voice``, ``input_audio_format`` /
-``output_audio_format`` ``pcm16``, ``turn_detection`` ``{"type": "server_vad"}`` or null, and
+``output_audio_format`` ``pcm16``, ``turn_detection`` ``{"type": "server_vad"}``,
+``{"type": "semantic_vad", "eagerness": "low" | "medium" | "high" | "auto"}`` or null, and
 speclive's own ``speclive`` object: ``mode`` chat | translate | transcribe, ``method`` (chat:
 predgen | cascade | prefill | preemptive; translate: ssbd | ar | cascade), ``verifier``,
 ``target_lang``, ``sample_rate`` 16000 | 24000), ``input_audio_buffer.append`` (base64 PCM16 mono
@@ -24,7 +25,9 @@ session's rate; the beta protocol's ``response.audio.*`` names when the client a
 beta), their ``.done`` events,
 ``response.done`` and ``error``. speclive's own: ``speclive.speculation`` (the answer speculated
 while the user speaks), ``speclive.transcript`` (stable / tentative words), ``speclive.translation``
-(stable / tentative text), ``speclive.notice`` and ``speclive.turn_metrics`` (per-turn latency).
+(stable / tentative text), ``speclive.turn_prediction`` (semantic_vad: the end-of-turn
+probabilities at a pause and the decision), ``speclive.notice`` and ``speclive.turn_metrics``
+(per-turn latency).
 
 Compute: every push and step of the pipeline is one turn of the chat model's worker, so
 realtime sessions and chat completions share the LLM fairly and one at a time (a llama.cpp
@@ -63,6 +66,7 @@ from speclive.errors import ConfigError
 from speclive.live import events as ev
 from speclive.live.build import KINDS, LiveModels, LiveModelsConfig, make_pipeline
 from speclive.live.clock import WallClock
+from speclive.live.turnpolicy import EAGERNESS, TurnPolicyConfig
 from speclive.live.vad import TurnConfig
 from speclive.server.audio import pcm16, resample
 from speclive.server.errors import APIError
@@ -108,6 +112,9 @@ class SessionSettings:
     server_vad: bool = True
     #: silence that ends a turn (OpenAI's ``turn_detection.silence_duration_ms``)
     end_s: float = 0.5
+    #: ``semantic_vad``: the end-of-turn policy ends a turn, as readily as ``eagerness`` says
+    semantic: bool = False
+    eagerness: str = "auto"
     speak: bool = True
     instructions: str = ""
 
@@ -123,11 +130,7 @@ class SessionSettings:
             "input_audio_format": "pcm16",
             "output_audio_format": "pcm16",
             "input_audio_transcription": {"model": "whisper-1"},
-            "turn_detection": (
-                {"type": "server_vad", "silence_duration_ms": int(self.end_s * 1000)}
-                if self.server_vad
-                else None
-            ),
+            "turn_detection": self.turn_detection(),
             "speclive": {
                 "mode": self.mode,
                 "method": self.method,
@@ -136,6 +139,47 @@ class SessionSettings:
                 "sample_rate": self.input_rate,
             },
         }
+
+    def turn_detection(self) -> dict[str, Any] | None:
+        if not self.server_vad:
+            return None
+        if self.semantic:
+            return {"type": "semantic_vad", "eagerness": self.eagerness}
+        return {"type": "server_vad", "silence_duration_ms": int(self.end_s * 1000)}
+
+    def turn_key(self) -> tuple[Any, ...]:
+        """What a pipeline is built for: a change needs a new one."""
+        return (
+            self.mode,
+            self.method,
+            self.verifier,
+            self.target_lang,
+            self.speak,
+            self.end_s,
+            self.semantic,
+            self.eagerness,
+        )
+
+
+def _turn_detection(new: SessionSettings, td: Any, param: str) -> None:
+    """``turn_detection`` (``server_vad``, ``semantic_vad`` or null) into ``new``."""
+    if td is not None and not (isinstance(td, dict) and td.get("type") in ("server_vad", "semantic_vad")):
+        raise ProtocolError(
+            "invalid_value", "turn_detection must be {'type': 'server_vad' | 'semantic_vad'} or null", param
+        )
+    new.server_vad = td is not None
+    new.semantic = isinstance(td, dict) and td.get("type") == "semantic_vad"
+    if new.semantic:
+        eager = td.get("eagerness", "auto")
+        if eager not in EAGERNESS:
+            raise ProtocolError("invalid_value", f"eagerness must be one of {', '.join(EAGERNESS)}", param)
+        new.eagerness = eager
+    if isinstance(td, dict) and "silence_duration_ms" in td:
+        ms = td["silence_duration_ms"]
+        if not isinstance(ms, int | float) or isinstance(ms, bool) or not 200 <= ms <= 5000:
+            msg = "silence_duration_ms must be a number from 200 to 5000"
+            raise ProtocolError("invalid_value", msg, param)
+        new.end_s = ms / 1000
 
 
 class ProtocolError(Exception):
@@ -167,17 +211,7 @@ def _apply_update(s: SessionSettings, session: Any) -> SessionSettings:
     if "instructions" in session and isinstance(session["instructions"], str):
         new.instructions = session["instructions"]
     if "turn_detection" in session:
-        td = session["turn_detection"]
-        if td is not None and not (isinstance(td, dict) and td.get("type") in ("server_vad", "semantic_vad")):
-            raise ProtocolError("invalid_value", "turn_detection must be {'type': 'server_vad'} or null")
-        new.server_vad = td is not None
-        if isinstance(td, dict) and "silence_duration_ms" in td:
-            ms = td["silence_duration_ms"]
-            if not isinstance(ms, int | float) or isinstance(ms, bool) or not 200 <= ms <= 5000:
-                raise ProtocolError(
-                    "invalid_value", "silence_duration_ms must be a number from 200 to 5000", "turn_detection"
-                )
-            new.end_s = ms / 1000
+        _turn_detection(new, session["turn_detection"], "turn_detection")
     # the GA shape: session.audio.{input,output}, output_modalities
     audio = session.get("audio")
     if isinstance(audio, dict):
@@ -196,7 +230,7 @@ def _apply_update(s: SessionSettings, session: Any) -> SessionSettings:
                         )
                     new.input_rate = new.output_rate = int(fmt["rate"])
             if "turn_detection" in inp:
-                new.server_vad = inp["turn_detection"] is not None
+                _turn_detection(new, inp["turn_detection"], "session.audio.input.turn_detection")
         if isinstance(outp, dict) and isinstance(outp.get("voice"), str):
             new.voice = outp["voice"]
     if isinstance(session.get("output_modalities"), list):
@@ -231,6 +265,10 @@ def _pipeline_for(s: SessionSettings, models: LiveModels, turn: TurnConfig):
     from speclive.live.voicechat import voice_predgen
     from speclive.sessions.retranslate import RetranslateConfig
 
+    semantic = {
+        "turn_detection": "semantic" if s.semantic and s.server_vad else "server_vad",
+        "policy": TurnPolicyConfig(eagerness=s.eagerness),
+    }
     try:
         if s.mode == "chat":
             return make_pipeline(
@@ -241,6 +279,7 @@ def _pipeline_for(s: SessionSettings, models: LiveModels, turn: TurnConfig):
                 turn=turn,
                 predgen=voice_predgen(verifier=s.verifier),  # the voice prompt, VOICE_MAX_TOKENS
                 speak=s.speak,
+                **semantic,
             )
         if s.mode == "translate":
             return make_pipeline(
@@ -251,8 +290,9 @@ def _pipeline_for(s: SessionSettings, models: LiveModels, turn: TurnConfig):
                 turn=turn,
                 retranslate=RetranslateConfig(target_lang=s.target_lang),
                 speak=False,
+                **semantic,
             )
-        return make_pipeline("transcribe", models, clock=WallClock(), turn=turn)
+        return make_pipeline("transcribe", models, clock=WallClock(), turn=turn, **semantic)
     except (ConfigError, TypeError, ValueError) as e:
         raise ProtocolError(
             "invalid_value", f"cannot start a {s.mode} session: {e}", "session.speclive"
@@ -513,6 +553,17 @@ class RealtimeSession:
                 source=e.source,
                 final=e.final,
             )
+        elif isinstance(e, ev.TurnPrediction):
+            await self.send(
+                "speclive.turn_prediction",
+                item_id=self.user_item,
+                audio_p=e.audio_p,
+                text_p=e.text_p,
+                score=e.score,
+                bar=e.bar,
+                silence_s=round(e.silence_s, 3),
+                end=e.end,
+            )
         elif isinstance(e, ev.Interrupted):
             await self.send("speclive.interrupted", played=e.played)
             if self.response is not None:
@@ -645,14 +696,7 @@ class RealtimeSession:
     async def dispatch(self, kind: str, msg: dict) -> None:
         if kind == "session.update":
             new = _apply_update(self.settings, msg.get("session"))
-            rebuild = (new.mode, new.method, new.verifier, new.target_lang, new.speak, new.end_s) != (
-                self.settings.mode,
-                self.settings.method,
-                self.settings.verifier,
-                self.settings.target_lang,
-                self.settings.speak,
-                self.settings.end_s,
-            )
+            rebuild = new.turn_key() != self.settings.turn_key()
             if rebuild and self.busy():
                 # a new pipeline starts between turns: this turn finishes as it began
                 self.pending = new
