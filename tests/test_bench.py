@@ -19,7 +19,9 @@ from speclive.bench.costcurve import CostCurve, alpha_bound, alpha_hat, trace_bo
 from speclive.bench.decode import summarize, write_decode_outputs
 from speclive.bench.exactness import first_divergence
 from speclive.bench.peers import strip_eos
+from speclive.cli import main
 from speclive.cli.bench import add_bench_parser
+from speclive.errors import ConfigError
 
 SMOL = "smollm2-135m-instruct"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -334,3 +336,28 @@ def test_replicas_and_hybrid_against_best_single() -> None:
     with mock.patch("speclive.bench.report.markdown_preamble", return_value=[]):
         md = talon_markdown(result)
     assert "| b | suffix |" in md and "slower" in md and "suffix#2 / suffix" in md
+
+
+def test_results_get_provenance_and_a_dirty_tree_may_not_write_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "benchmarks" / "results"
+    other = tmp_path / "elsewhere"
+    data = {"header": {"command": "speclive bench x"}, "rows": [1]}
+    report.write_json(results / "x.json", data)
+    report.write_json(other / "x.json", data)
+    got = json.loads((results / "x.json").read_text())
+    prov = got["provenance"]
+    assert prov["command"] == "speclive bench x"
+    assert set(prov) >= {"commit", "clean", "cpu", "kernel", "created"}
+    assert "provenance" not in json.loads((other / "x.json").read_text())  # scratch output stays as it is
+    kept = {"provenance": {"commit": "abc"}, "rows": []}
+    report.write_json(results / "y.json", kept)
+    assert json.loads((results / "y.json").read_text())["provenance"] == {"commit": "abc"}
+    monkeypatch.setattr(report, "git_state", lambda *a, **k: ("abc123+dirty", True))
+    with pytest.raises(ConfigError, match="uncommitted"):
+        report.refuse_dirty_results(results)
+    report.refuse_dirty_results(other)  # anywhere else is fine
+    assert main(["bench", "turns", "--stage", "signals", "--out", str(results)]) == 2
+    monkeypatch.setattr(report, "git_state", lambda *a, **k: ("abc123", False))
+    report.refuse_dirty_results(results)

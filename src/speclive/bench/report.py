@@ -200,7 +200,34 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def is_results_dir(path: Path | str) -> bool:
+    """Whether ``path`` is a checkout's ``benchmarks/results`` (the quoted results)."""
+    p = Path(path).resolve()
+    return p.name == "results" and p.parent.name == "benchmarks"
+
+
+def refuse_dirty_results(out: Path | str) -> None:
+    """``ConfigError`` when a benchmark would write into ``benchmarks/results`` from code with
+    uncommitted changes: every quoted result comes from a commit anyone can check out."""
+    if not is_results_dir(out):
+        return
+    commit, dirty = git_state()
+    if dirty:
+        from speclive.errors import ConfigError
+
+        raise ConfigError(
+            f"{out} holds the project's quoted results and the code at {commit} has uncommitted "
+            "changes: commit them first, or write elsewhere with --out DIR"
+        )
+
+
 def write_json(path: Path, data: Any) -> Path:
+    """``data`` as JSON at ``path`` (atomically). A result written into ``benchmarks/results``
+    gets a top-level ``provenance`` object (``provenance()``) unless it carries one already
+    (read before its run, as it should be)."""
+    if is_results_dir(path.parent) and isinstance(data, dict) and "provenance" not in data:
+        header = data.get("header") if isinstance(data.get("header"), dict) else {}
+        data = {"provenance": provenance(str(header.get("command") or data.get("command") or "")), **data}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(_jsonable(data), indent=1) + "\n")

@@ -634,7 +634,7 @@ def run_turns_bench(opts: TurnsBenchOptions, log: Callable[[str], None] = print)
     }
     for line in report.header_lines(header):
         log(line)
-    result: dict[str, Any] = {"header": header}
+    result: dict[str, Any] = {"provenance": prov, "header": header}
     if opts.stage in ("signals", "all"):
         if opts.signals_from:
             rows = rescore(json.loads(Path(opts.signals_from).read_text())["signals"], manifest)

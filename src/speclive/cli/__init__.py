@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     try:
+        if args.command == "bench" and getattr(args, "out", None) is not None:
+            from speclive.bench.report import refuse_dirty_results
+
+            refuse_dirty_results(args.out)  # before any model loads
         return int(args.func(args) or 0)
     except SpecliveError as e:
         print(f"speclive: error: {e}", file=sys.stderr)
