@@ -421,13 +421,20 @@ def _wait(drv, script: str, timeout: float) -> object:
     raise AssertionError(f"timed out waiting for: {script}; page status: {status}")
 
 
-def _spoken_wav(tmp_path, text: str) -> str:
+def _spoken_wav(tmp_path, text: str, pause_s: float = 0.0) -> str:
+    """``text`` spoken by Piper; a ``|`` in it is a pause of ``pause_s``."""
     import wave
 
     from speclive.tts.piper import PiperTTS
 
-    a = PiperTTS("piper-joe-medium", varied=False).synthesize(text)
-    x = resample(a.samples, a.sample_rate, 16_000)
+    tts = PiperTTS("piper-joe-medium", varied=False)
+    parts = []
+    for i, piece in enumerate(text.split("|")):
+        a = tts.synthesize(piece.strip())
+        if i:
+            parts.append(np.zeros(int(pause_s * 16_000), np.float32))
+        parts.append(resample(a.samples, a.sample_rate, 16_000))
+    x = np.concatenate(parts)
     x = np.concatenate([np.zeros(8000, np.float32), x, np.zeros(40_000, np.float32)])  # the capture loops
     path = tmp_path / "question.wav"
     with wave.open(str(path), "wb") as w:
@@ -455,6 +462,27 @@ def test_web_page_voice_chat_in_chromium(rt, tmp_path):
         assert "france" in heard.lower(), heard
         assert answer.strip(), "no answer shown"
         assert int(drv.execute_script("return document.body.dataset.audioDeltas || 0")) > 0
+    finally:
+        drv.quit()
+
+
+def test_web_page_semantic_turn_waits_through_a_mid_turn_pause(rt, tmp_path):
+    """The page with semantic turn detection: a question with a 0.9 s pause after "of" is
+    answered once, for the whole question, and the page showed the turn prediction."""
+    binary, driver = _chromium()
+    url, _audio, _app = rt
+    drv = _browser(binary, driver, _spoken_wav(tmp_path, "What is the capital of | France?", pause_s=0.9))
+    try:
+        drv.get(url + "/?turn=semantic_vad&eagerness=low")
+        drv.execute_script(f"localStorage.setItem('speclive-key', '{KEY}')")
+        drv.find_element("css selector", "#mic").click()
+        _wait(drv, "return document.body.dataset.state === 'listening'", 30)
+        _wait(drv, "return Number(document.body.dataset.answers || 0) >= 1", 120)
+        data = drv.execute_script("return Object.assign({}, document.body.dataset)")
+        assert "france" in (data.get("lastTranscript") or "").lower(), data
+        assert data.get("responses") == "1", data  # nothing answered the half-question
+        assert int(data.get("predictions", 0)) >= 1 and int(data.get("predictedEnds", 0)) <= 1, data
+        assert not drv.find_element("css selector", "#turn-panel").get_attribute("hidden")
     finally:
         drv.quit()
 

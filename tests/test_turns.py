@@ -276,3 +276,56 @@ def test_cli_semantic_json_gives_each_turn_its_timeline_and_the_playbacks(tmp_pa
     assert {p["turn"] for p in d["playbacks"]} == {1, 2}
     with pytest.raises(SystemExit):
         main([*args, "--turn-detection", "psychic"])
+
+
+# ---- bad input -------------------------------------------------------------------------------
+def test_semantic_detection_on_silence_noise_and_clipped_speech(llm, piper):
+    """Silence and noise give a no-speech notice and never run the turn model; clipped speech
+    is still one turn, answered once."""
+    for audio in (_z(3.0), np.random.default_rng(0).normal(0, 0.01, 3 * SAMPLE_RATE).astype(np.float32)):
+        model = ScriptedTurnModel(0.0, 0.9, 0.9)
+        vc = _chat(llm, PiecesTranscriber(["unused"], [9.0]), model)
+        res = play(vc, audio)
+        assert [e.code for e in res.events if e.type == "notice"] == ["no_speech"]
+        assert model.calls == 0 and not [e for e in res.events if e.type == "turn_metrics"]
+    q = "What is the boiling point of water?"
+    speech = np.clip(8.0 * _speech(piper, q), -1.0, 1.0)  # hard-clipped at full scale
+    tr = PiecesTranscriber([q], [0.3 + len(speech) / SAMPLE_RATE])
+    vc = _chat(llm, tr, ScriptedTurnModel(0.0, 0.9, 0.9), kind="audio", threshold=0.5, max_silence_s=2.4)
+    res = play(vc, np.concatenate([_z(0.5), speech, _z(3.0)]))
+    (m,) = [e for e in res.events if e.type == "turn_metrics"]
+    assert m.transcript == q and m.answer and m.extra["predicted"]
+
+
+def test_a_speaker_who_keeps_resuming_is_cut_each_time_within_the_vad_frame(llm, piper):
+    """A confident model at every pause and a speaker who goes on three times: each early
+    answer stops as the VAD hears the voice again, and the whole turn is answered once."""
+    pieces = ["I have a question.", "Actually two.", "No, three.", "How far away is the moon?"]
+    speech = [_speech(piper, p) for p in pieces]
+    heard: list[float] = []
+    tr = PiecesTranscriber(pieces, [1e9] * len(pieces))
+
+    def caller():
+        yield from chunks_of(np.concatenate([_z(0.5), speech[0]]))
+        for i, s in enumerate(speech[1:], start=1):
+            tr.ends_s[i - 1] = sum(len(x) for x in vc.turn.audio) / SAMPLE_RATE  # type: ignore[union-attr]
+            n = len(heard)
+            for _ in range(400):  # silence until this early answer has played 0.2 s
+                if len(heard) > n and vc.clock() >= heard[-1] + 0.2:
+                    break
+                yield _z(0.05)
+            yield from chunks_of(s)
+        tr.ends_s[-1] = sum(len(x) for x in vc.turn.audio) / SAMPLE_RATE  # type: ignore[union-attr]
+        yield from chunks_of(_z(3.0))
+
+    vc = _chat(
+        llm, tr, ScriptedTurnModel(0.0, 0.99, 0.99), kind="audio", threshold=0.5, tts=piper, max_silence_s=3.0
+    )
+    res = play(vc, caller(), on_event=lambda e: heard.append(e.play_at) if e.type == "audio" else None)
+    starts = [e.t for e in res.events if e.type == "speech_started"]
+    cut = [p for p in vc.playbacks if p["cut"]]
+    assert len(cut) >= 2
+    for p in cut:  # each cut came with the speech start the VAD reported, within a chunk
+        assert min(abs(p["end_t"] - t) for t in starts) < 0.11
+    metrics = [e for e in res.events if e.type == "turn_metrics"]
+    assert len(metrics) == 1 and metrics[0].transcript == " ".join(pieces)

@@ -51,11 +51,16 @@ function commonPrefix(a, b) {
 }
 
 // ---- the connection --------------------------------------------------------------------
+function turnDetection() {
+  if ($("#turn").value === "semantic_vad") return { type: "semantic_vad", eagerness: $("#eagerness").value };
+  return { type: "server_vad" };
+}
+
 function sessionUpdate() {
   return {
     type: "session.update",
     session: {
-      turn_detection: { type: "server_vad" },
+      turn_detection: turnDetection(),
       speclive: { mode: st.mode, target_lang: $("#lang").value, sample_rate: RATE },
     },
   };
@@ -218,6 +223,7 @@ function onEvent(e) {
       break;
     }
     case "response.created":
+      bump("responses");
       $("#chat-answer").textContent = "";
       setStatus("answering");
       break;
@@ -237,6 +243,21 @@ function onEvent(e) {
     case "speclive.interrupted":
       stopPlayback();
       break;
+    case "speclive.turn_prediction": {
+      // the policy at a pause: P(turn over) from the audio model and the LM, fused, against the
+      // bar it has to clear after this much silence; "end" answers at once
+      bump("predictions");
+      if (e.end) bump("predictedEnds");
+      $("#turn-panel").hidden = false;
+      const pct = (v) => (v == null ? "–" : `${Math.round(100 * v)} %`);
+      const fill = $("#turn-score");
+      fill.style.width = `${Math.round(100 * (e.score || 0))}%`;
+      fill.classList.toggle("end", !!e.end);
+      $("#turn-bar").style.left = `${Math.round(100 * Math.min(1, e.bar))}%`;
+      $("#turn-detail").textContent = `voice ${pct(e.audio_p)}, words ${pct(e.text_p)} after ` +
+        `${Math.round(1000 * e.silence_s)} ms of silence: ${e.end ? "your turn is over" : "waiting"}`;
+      break;
+    }
     case "speclive.translation":
       $("#tr-source").textContent = e.source; // what this translation is of
       setSplit($("#tr-text"), e.stable, e.tentative);
@@ -276,4 +297,16 @@ document.querySelectorAll(".tab").forEach((tab) => tab.addEventListener("click",
   matchCaptureToMode();
 }));
 $("#lang").addEventListener("change", () => send(sessionUpdate()));
+$("#turn").addEventListener("change", () => {
+  $("#eagerness").hidden = $("#turn").value !== "semantic_vad";
+  send(sessionUpdate());
+});
+$("#eagerness").addEventListener("change", () => send(sessionUpdate()));
+// ?turn=semantic_vad&eagerness=high preselects the turn detection (links, tests)
+{
+  const q = new URLSearchParams(location.search);
+  if (q.get("turn")) $("#turn").value = q.get("turn");
+  if (q.get("eagerness")) $("#eagerness").value = q.get("eagerness");
+  $("#eagerness").hidden = $("#turn").value !== "semantic_vad";
+}
 body.dataset.mode = st.mode;
