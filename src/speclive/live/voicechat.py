@@ -170,6 +170,9 @@ class VoiceChat(LivePipeline):
         self._held = None  # the turn goes on: it is answered (and counted) when it ends again
         if any(p.start < now for p in self.playing):
             events = self._interrupt(now, reopen=True)
+        elif self.reply is not None or self._answer:
+            # nothing was heard, but the answer's text went out: transports withdraw it
+            events = [Interrupted(now, played="")]
         if self.reply is not None:
             self.reply.close()
         self.reply = self.reply_turn = None
