@@ -30,26 +30,17 @@ PIPECAT_P = {
 
 
 def synthetic() -> dict[str, np.ndarray]:
-    """The fixed int16 inputs of benchmarks/smart_turn_check.py (same formulas, same names)."""
-    t = np.arange(3 * 16_000) / 16_000
-    syll = (
-        0.3
-        * np.sin(2 * np.pi * (140 + 20 * np.sin(2 * np.pi * 0.5 * t)) * t)
-        * np.clip(np.sin(2 * np.pi * 2.5 * t), 0, None) ** 2
-    )
-    phase = 2 * np.pi * np.cumsum(120 + 30 * np.sin(2 * np.pi * 0.7 * t)) / 16_000
-    voice = sum(np.sin(k * phase) / k for k in range(1, 12)) * np.clip(np.sin(2 * np.pi * 2 * t), 0, None)
-    voice = 0.25 * voice / np.abs(voice).max()
+    """The fixed int16 inputs of benchmarks/smart_turn_check.py, by their short names (one
+    definition: the check that measured ``PIPECAT_P`` and this test read the same samples)."""
+    import importlib.util
+    from pathlib import Path
 
-    def pcm(x: np.ndarray) -> np.ndarray:
-        return np.round(x * 32767).astype(np.int16)
-
-    return {
-        "silence-1s": np.zeros(16_000, np.int16),
-        "syllables-3s": pcm(syll),
-        "voice-3s": pcm(voice),
-        "voice-fading-3s": pcm(voice * np.linspace(1.0, 0.2, len(t))),
-    }
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "smart_turn_check.py"
+    spec = importlib.util.spec_from_file_location("smart_turn_check", path)
+    assert spec is not None and spec.loader is not None
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    return {name.removeprefix("synthetic/"): pcm for name, pcm in check.synthetic().items()}
 
 
 @pytest.fixture(scope="module")
