@@ -489,7 +489,10 @@ class PredictiveResponder:
             if self.mode == "prefill" and partial:
                 prompt = self.prompt_ids(partial)
                 self._probing = self._probe_at(partial, prompt)
-                self.decoder.prefill(prompt, probe=None if self._probing is None else self._probing[1])
+                if self._probing is None:  # (a remote engine's prefill takes no probe)
+                    self.decoder.prefill(prompt)
+                else:
+                    self.decoder.prefill(prompt, probe=self._probing[1])
                 self._take_probe()
             self.partial = self.latest = partial
             u = CandidateUpdate(partial, "", "", seconds=time.perf_counter() - t0)
