@@ -865,9 +865,11 @@ def markdown(result: dict[str, Any]) -> str:
 
 def plot(path: Path, result: dict[str, Any]) -> Path:
     plt = report._pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    ax = axes[0]
+    panels = [k for k in ("sweep", "records") if k in result] or ["records"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5), squeeze=False)
+    axes = list(axes[0])
     if "sweep" in result:
+        ax = axes.pop(0)
         colors = {
             "silence": "gray",
             "audio": "tab:blue",
@@ -891,7 +893,7 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
                     [1000 * y for _, y in front],
                     "o-",
                     color=col,
-                    label=kind,
+                    label=f"fused (w {FUSED_W})" if kind == "fused" else kind,
                     ms=3,
                 )
         ax.set_xlabel(f"false cut-offs (% of mid-turn pauses >= {LONG_PAUSE_S} s)")
@@ -899,7 +901,12 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
         ax.set_title("Threshold sweep on test (best settings per cut-off rate)")
         ax.legend()
         ax.grid(alpha=0.3)
-    ax = axes[1]
+    if "records" not in result:
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+    ax = axes.pop(0)
     recs = [
         r
         for r in result.get("records", [])
