@@ -99,6 +99,15 @@ def test_probe_reads_the_end_of_message_row_without_changing_the_answer(hf_smol)
     z = np.exp(row - row.max())
     assert r.end_probs[q] == pytest.approx(float(z[prompt[k]] / z.sum()), abs=1e-4)
     assert prompt[k] not in r.tok.encode(q)  # a template token, not the user's text
+    # the row before it, in the same pass: the marked variant weighs the final "?" by the
+    # model's own P("?") there
+    prev = hf_smol.new_state()
+    row_prev = hf_smol.extend(prev, prompt[: k - 1])[-1]
+    hf_smol.release(prev)
+    zp = np.exp(row_prev - row_prev.max())
+    zp /= zp.sum()
+    want = zp[prompt[k]] + zp[prompt[k - 1]] * float(z[prompt[k]] / z.sum())
+    assert r.end_probs_marked[q] == pytest.approx(float(want), abs=1e-4)
     # a prefill reads it too, and the greedy answer is the cascade's
     fresh = PredictiveResponder(hf_smol, PredGenConfig(max_tokens=12))
     assert fresh.end_of_turn_prob(q) == pytest.approx(r.end_probs[q], abs=1e-4)

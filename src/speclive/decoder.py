@@ -277,7 +277,8 @@ class Generation:
         stats, target, state = self.stats, self.target, self.dec.state
         if t:
             if self._probe_at is not None:
-                self.dec.probe_row = np.array(logits[self._probe_at])
+                self.dec.probe_prev = np.array(logits[self._probe_at])
+                self.dec.probe_row = np.array(logits[self._probe_at + 1])
                 self._probe_at = None
             logits = logits[t:]
             base += t
@@ -359,8 +360,10 @@ class SpeculativeDecoder:
         # the target's cost curve at the drafter's ``target_threads`` (it differs from the usual
         # one), and the threads and cost model to restore after a generation
         self._drafting_cost: CostModel | None = None
-        #: the logits row a ``probe`` asked for (None until its pass ran)
+        #: the logits row a ``probe`` asked for and the row one position before it (None until
+        #: their pass ran)
         self.probe_row: np.ndarray | None = None
+        self.probe_prev: np.ndarray | None = None
         self._restore: tuple[int | None, CostModel] | None = None
 
     def close(self) -> None:
@@ -373,36 +376,37 @@ class SpeculativeDecoder:
         self, prompt: list[int], fuse_max: int, probe: int | None = None
     ) -> tuple[list[int], int, int | None]:
         """Make the cache hold ``prompt[:-1]``, reusing whatever prefix it already holds;
-        returns the tail left to evaluate, the target passes spent here (0 to 2) and where the
-        probe's row lies in the tail's logits (None: already in ``probe_row``, or no probe).
+        returns the tail left to evaluate, the target passes spent here (0 to 3) and where the
+        probe's rows start in the tail's logits (None: already in ``probe_row``, or no probe).
 
         A short uncached tail (at most ``fuse_max`` tokens) is not evaluated here but returned,
         to ride along in the first verification pass: a streaming session whose prompt grew
         by a few tokens then needs ONE target pass to extend the prompt and verify its draft.
 
-        ``probe`` (``0 < probe < len(prompt) - 1``) asks for the logits after ``prompt[:probe]``
-        (what the model expects at position ``probe``), kept in ``probe_row``: position
-        ``probe - 1`` is evaluated again if the cache holds it, so the row always comes from
-        this prompt's own pass.
+        ``probe`` (``1 < probe < len(prompt) - 1``) asks for the logits after ``prompt[:probe]``
+        (what the model expects at position ``probe``), kept in ``probe_row``, and the row
+        before it in ``probe_prev``: positions ``probe - 2`` and ``probe - 1`` are evaluated
+        again if the cache holds them, so the rows always come from this prompt's own pass.
         """
-        self.probe_row = None
+        self.probe_row = self.probe_prev = None
         keep = common_prefix_len(self.state.tokens, prompt[:-1])
         if probe is not None:
-            if not 0 < probe < len(prompt) - 1:
-                raise ValueError(f"probe {probe} outside the prompt's first {len(prompt) - 1} tokens")
-            keep = min(keep, probe - 1)
+            if not 1 < probe < len(prompt) - 1:
+                raise ValueError(f"probe {probe} outside the prompt's tokens 2..{len(prompt) - 2}")
+            keep = min(keep, probe - 2)
         self.target.truncate(self.state, keep)
         tail = prompt[keep:-1]
         if len(tail) <= fuse_max:
-            return tail, 0, None if probe is None else probe - 1 - keep
+            return tail, 0, None if probe is None else probe - 2 - keep
         if probe is None:
             self.target.extend(self.state, tail, last_only=True)
             return [], 1, None
-        self.probe_row = self.target.extend(self.state, prompt[keep:probe], last_only=True)[-1]
+        self.probe_prev = self.target.extend(self.state, prompt[keep : probe - 1], last_only=True)[-1]
+        self.probe_row = self.target.extend(self.state, prompt[probe - 1 : probe], last_only=True)[-1]
         if probe < len(prompt) - 1:
             self.target.extend(self.state, prompt[probe:-1], last_only=True)
-            return [], 2, None
-        return [], 1, None
+            return [], 3, None
+        return [], 2, None
 
     def prefill(self, prompt_ids: Sequence[int], probe: int | None = None) -> None:
         """Make the cache hold ``prompt_ids[:-1]`` now (reusing its common prefix), so a later

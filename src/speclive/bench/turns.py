@@ -202,6 +202,7 @@ def collect_signals(
             responder.restart(history)
             plain.restart(history)
             text_p = responder.end_of_turn_prob(text) if text else 0.0
+            mark_p = responder.end_probs_marked.get(" ".join(text.split()), text_p) if text else 0.0
             norm_p = plain.end_of_turn_prob(normalise(text)) if normalise(text) else 0.0
             t3 = time.perf_counter()
             rows.append(
@@ -218,6 +219,7 @@ def collect_signals(
                     "transcript": text,
                     "audio_p": audio_p,
                     "text_p": text_p,
+                    "text_p_mark": mark_p,
                     "text_p_norm": norm_p,
                     "audio_ms": 1000 * (t1 - t0),
                     "asr_ms": 1000 * (t2 - t1),
@@ -304,10 +306,14 @@ def sweep(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for s in (0.3, 0.4, 0.5, *FALLBACKS):
         ev = evaluate(rows, _policy("silence", 0.5, s))
         out.append({"kind": "silence", "threshold": None, "max_silence": s, **ev})
-    kinds = (("audio", (0.5,)), ("text", (0.5,)), ("text_norm", (0.5,)), ("fused", (0.5, 0.7, 0.8, 0.9)))
+    kinds = [("audio", (0.5,)), ("text", (0.5,)), ("text_norm", (0.5,)), ("fused", (0.5, 0.7, 0.8, 0.9))]
+    if rows and "text_p_mark" in rows[0]:  # signals recorded with the marked variant
+        kinds += [("text_mark", (0.5,)), ("fused_mark", (0.5, 0.7, 0.9))]
     for kind, weights in kinds:
-        pk = "text" if kind == "text_norm" else kind
-        key = "text_p_norm" if kind == "text_norm" else "text_p"
+        pk = kind.split("_")[0]
+        key = {"text_norm": "text_p_norm", "text_mark": "text_p_mark", "fused_mark": "text_p_mark"}.get(
+            kind, "text_p"
+        )
         for w in weights:
             for th in THRESHOLDS:
                 for s in FALLBACKS:
@@ -322,7 +328,7 @@ def calibrate(dev: Sequence[dict[str, Any]], test: Sequence[dict[str, Any]]) -> 
     cal: dict[str, Any] = {}
     sw = sweep(dev)
     for eager, budget in BUDGETS.items():
-        for kind in ("silence", "audio", "text", "fused"):
+        for kind in ("silence", "audio", "text", "fused", "text_mark", "fused_mark"):
             ok = [
                 r
                 for r in sw
@@ -334,7 +340,7 @@ def calibrate(dev: Sequence[dict[str, Any]], test: Sequence[dict[str, Any]]) -> 
                 continue
             best = min(ok, key=lambda r: (r["wait_p50"], r["wait_p90"], -r["max_silence"]))
             pol = _policy(
-                "silence" if kind == "silence" else kind,
+                kind.split("_")[0],
                 best["threshold"] or 0.5,
                 best["max_silence"],
                 best.get("w", 0.5),
@@ -347,7 +353,7 @@ def calibrate(dev: Sequence[dict[str, Any]], test: Sequence[dict[str, Any]]) -> 
                 "max_silence": best["max_silence"],
                 "w": best.get("w"),
                 "dev": {k: best[k] for k in ("false_cutoffs", "false_cutoffs_all", "wait_p50", "wait_p90")},
-                "test": evaluate(test, pol),
+                "test": evaluate(test, pol, "text_p_mark" if kind.endswith("_mark") else "text_p"),
             }
     return cal
 
@@ -650,6 +656,7 @@ def run_turns_bench(opts: TurnsBenchOptions, log: Callable[[str], None] = print)
             split: {
                 "raw": _separation(rs, "text_p"),
                 "normalised": _separation(rs, "text_p_norm"),
+                **({"marked": _separation(rs, "text_p_mark")} if rs and "text_p_mark" in rs[0] else {}),
             }
             for split, rs in (("dev", dev), ("test", test))
         }

@@ -266,8 +266,9 @@ class PredictiveResponder:
         self._yes, self._no = self._answer_ids("yes"), self._answer_ids("no")
         self._synth_per_char: float | None = None
         self._user_suffix = _user_suffix_len(self.tok, cfg.system)
-        #: (user text, prompt position, token) of the end-of-turn probe a run is reading
-        self._probing: tuple[str, int, int] | None = None
+        #: (user text, prompt position, end token, the text's last token) of the end-of-turn
+        #: probe a run is reading
+        self._probing: tuple[str, int, int, int] | None = None
         self.restart(history)
 
     def restart(self, history: list[dict[str, str]] | None = None) -> None:
@@ -285,6 +286,8 @@ class PredictiveResponder:
         self.finished = False
         #: P(the user's message ends here) per user text, read where a run had the row anyway
         self.end_probs: dict[str, float] = {}
+        #: the same with the text's final punctuation mark weighed by the model (``_marked``)
+        self.end_probs_marked: dict[str, float] = {}
 
     # ---- prompts -------------------------------------------------------------------------
     def prompt_ids(self, partial: str) -> list[int]:
@@ -346,25 +349,37 @@ class PredictiveResponder:
         return self.decoder.generate(prompt, gen, probe=self._probing[1]), prefix, judge_forwards
 
     # ---- end of turn ---------------------------------------------------------------------
-    def _probe_at(self, partial: str, prompt: list[int]) -> tuple[str, int, int] | None:
+    def _probe_at(self, partial: str, prompt: list[int]) -> tuple[str, int, int, int] | None:
         """Where the prompt's user text ends (the position of the chat template's
         end-of-user-message token), when its probability is wanted and can be read."""
         k = len(prompt) - self._user_suffix
-        if not self.backend.in_process or self._user_suffix < 1 or not 0 < k < len(prompt) - 1:
+        if not self.backend.in_process or self._user_suffix < 1 or not 1 < k < len(prompt) - 1:
             return None
         if _norm(partial) in self.end_probs:
             return None
-        return _norm(partial), k, prompt[k]
+        return _norm(partial), k, prompt[k], prompt[k - 1]
 
     def _take_probe(self) -> None:
         """Store the probability the last run's probe read (once its first pass ran)."""
         row = getattr(self.decoder, "probe_row", None)
         if self._probing is None or row is None:
             return
-        text, _, token = self._probing
+        text, _, token, last = self._probing
         self.end_probs[text] = _token_prob(row, token)
+        prev = getattr(self.decoder, "probe_prev", None)
+        if prev is not None:
+            self.end_probs_marked[text] = self._marked(prev, row, token, last)
         self._probing = None
-        self.decoder.probe_row = None
+        self.decoder.probe_row = self.decoder.probe_prev = None
+
+    def _marked(self, prev: np.ndarray, row: np.ndarray, end: int, last: int) -> float:
+        """P(end) with the transcript's final punctuation mark (Whisper's guess, token
+        ``last``) weighed by the model's own: P(end right after the words) + P(the model puts
+        that mark there) x P(end after it). A fragment Whisper closed with "?" then scores as
+        the fragment it is. A text without a final mark: the plain probability."""
+        if self.tok.decode([last]).strip() not in (".", "?", "!"):
+            return _token_prob(row, end)
+        return _token_prob(prev, end) + _token_prob(prev, last) * _token_prob(row, end)
 
     def end_of_turn_prob(self, text: str) -> float | None:
         """P(the user's message ends after ``text``): the answering model's probability of its
