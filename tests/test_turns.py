@@ -341,4 +341,4 @@ def test_a_speaker_who_keeps_resuming_is_cut_each_time_within_the_vad_frame(llm,
         assert min(abs(p["end_t"] - t) for t in starts) < 0.11
     metrics = [e for e in res.events if e.type == "turn_metrics"]
     assert len(metrics) == 1 and metrics[0].transcript == " ".join(pieces)
-    assert sum(m["role"] == "assistant" for m in vc.history) >= 3
+    assert sum(m["role"] == "assistant" for m in vc.history) >= 2  # what was heard, and the answer
