@@ -392,10 +392,8 @@ class LivePipeline:
         """The turn's audio up to a pause after its last speech, in one transcription: the text
         every method answers. The cut is decided by the VAD alone (speech end + ``pause_s``),
         so it is the same whenever it runs and however the input was chunked."""
-        assert turn.speech_end_t is not None
         t0 = time.perf_counter()
-        cut = turn.speech_end_t + self.cfg.turn.pause_s
-        audio = turn.samples()[: max(0, int(round((cut - turn.audio_start_t) * SAMPLE_RATE)))]
+        audio = self._cut_samples(turn)
         assert turn.passes is not None  # the streaming passes heard nearly the same audio
         text = turn.passes.run(audio, final=True).text.strip() if audio.size else ""
         self._charge(turn, "asr", time.perf_counter() - t0)

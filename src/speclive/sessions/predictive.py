@@ -217,11 +217,12 @@ def _user_suffix_len(tok, system: str) -> int:
     return n
 
 
-def _token_prob(row: np.ndarray, token: int) -> float:
-    """Softmax probability of ``token`` in a logits row."""
+def _token_probs(row: np.ndarray, tokens: list[int]) -> list[float]:
+    """Softmax probabilities of ``tokens`` in a logits row (one normalisation)."""
     z = np.asarray(row, dtype=np.float64)
     m = float(z.max())
-    return float(np.exp(z[token] - m) / np.exp(z - m).sum())
+    total = float(np.exp(z - m).sum())
+    return [float(np.exp(z[t] - m) / total) for t in tokens]
 
 
 class PredictiveResponder:
@@ -344,9 +345,7 @@ class PredictiveResponder:
             one_pass = first if self.one_pass_first else 0
             self.drafter.set_history(self.candidate, forced=forced, first_chunk=one_pass)
         gen = GenerationConfig(max_tokens=max(1, self.cfg.max_tokens - len(prefix)), max_draft_nodes=512)
-        if self._probing is None:
-            return self.decoder.generate(prompt + prefix, gen), prefix, judge_forwards
-        return self.decoder.generate(prompt, gen, probe=self._probing[1]), prefix, judge_forwards
+        return self.decoder.generate(prompt + prefix, gen, **self._probe_kw()), prefix, judge_forwards
 
     # ---- end of turn ---------------------------------------------------------------------
     def _probe_at(self, partial: str, prompt: list[int]) -> tuple[str, int, int, int] | None:
@@ -359,27 +358,34 @@ class PredictiveResponder:
             return None
         return _norm(partial), k, prompt[k], prompt[k - 1]
 
+    def _probe_kw(self) -> dict[str, int]:
+        """The decoder's ``probe`` argument for the probe being read (none without one: a
+        remote engine's decoder takes no such argument, and is never asked to probe)."""
+        return {} if self._probing is None else {"probe": self._probing[1]}
+
     def _take_probe(self) -> None:
         """Store the probability the last run's probe read (once its first pass ran)."""
         row = getattr(self.decoder, "probe_row", None)
         if self._probing is None or row is None:
             return
         text, _, token, last = self._probing
-        self.end_probs[text] = _token_prob(row, token)
+        (p_end,) = _token_probs(row, [token])
+        self.end_probs[text] = p_end
         prev = getattr(self.decoder, "probe_prev", None)
         if prev is not None:
-            self.end_probs_marked[text] = self._marked(prev, row, token, last)
+            self.end_probs_marked[text] = self._marked(prev, p_end, token, last)
         self._probing = None
         self.decoder.probe_row = self.decoder.probe_prev = None
 
-    def _marked(self, prev: np.ndarray, row: np.ndarray, end: int, last: int) -> float:
+    def _marked(self, prev: np.ndarray, p_end: float, end: int, last: int) -> float:
         """P(end) with the transcript's final punctuation mark (Whisper's guess, token
         ``last``) weighed by the model's own: P(end right after the words) + P(the model puts
-        that mark there) x P(end after it). A fragment Whisper closed with "?" then scores as
-        the fragment it is. A text without a final mark: the plain probability."""
+        that mark there) x P(end after it, ``p_end``). A fragment Whisper closed with "?" then
+        scores as the fragment it is. A text without a final mark: ``p_end``."""
         if self.tok.decode([last]).strip() not in (".", "?", "!"):
-            return _token_prob(row, end)
-        return _token_prob(prev, end) + _token_prob(prev, last) * _token_prob(row, end)
+            return p_end
+        p_end_before, p_mark = _token_probs(prev, [end, last])
+        return p_end_before + p_mark * p_end
 
     def end_of_turn_prob(self, text: str) -> float | None:
         """P(the user's message ends after ``text``): the answering model's probability of its
@@ -396,7 +402,7 @@ class PredictiveResponder:
         if probing is None:
             return None
         self._probing = probing
-        self.decoder.prefill(prompt, probe=probing[1])
+        self.decoder.prefill(prompt, **self._probe_kw())
         self._take_probe()
         return self.end_probs.get(text)
 
@@ -504,10 +510,7 @@ class PredictiveResponder:
             if self.mode == "prefill" and partial:
                 prompt = self.prompt_ids(partial)
                 self._probing = self._probe_at(partial, prompt)
-                if self._probing is None:  # (a remote engine's prefill takes no probe)
-                    self.decoder.prefill(prompt)
-                else:
-                    self.decoder.prefill(prompt, probe=self._probing[1])
+                self.decoder.prefill(prompt, **self._probe_kw())
                 self._take_probe()
             self.partial = self.latest = partial
             u = CandidateUpdate(partial, "", "", seconds=time.perf_counter() - t0)
