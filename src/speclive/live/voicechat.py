@@ -120,9 +120,8 @@ class VoiceChat(LivePipeline):
         #: every stretch of answer audio played: ``turn``, ``start_t``, ``end_t`` (clock
         #: times) and ``cut`` (the user's speech stopped it there)
         self.playbacks: list[dict[str, Any]] = []
-        #: the history length whose prefix is in the LM's cache (-1: none), and the seconds spent
+        #: the history length whose prefix is in the LM's cache (-1: none)
         self._warm_for = -1
-        self._prefix_s = 0.0
         #: the figures of an answered turn its speaker may still take up again
         self._held: tuple[TurnMetrics, _Turn] | None = None
 
@@ -225,10 +224,7 @@ class VoiceChat(LivePipeline):
         r = self.responder
         if r is None or not turn.final:
             return None
-        p = r.end_probs.get(turn.final)
-        if p is None and compute:
-            p = r.end_of_turn_prob(turn.final)
-        return p
+        return r.end_of_turn_prob(turn.final) if compute else r.end_probs.get(turn.final)
 
     def _text_comes_with_work(self, turn: _Turn) -> bool:
         """The next speculation on the final transcript reads it in its first pass."""
@@ -292,11 +288,9 @@ class VoiceChat(LivePipeline):
         method does it, as a server caches its system prompt."""
         if self.closed or self._warm_for == len(self.history):
             return None
-        t0 = time.perf_counter()
         r = self._new_responder()
         r.decoder.prefill(r.prompt_ids(""))
         self._warm_for = len(self.history)
-        self._prefix_s += time.perf_counter() - t0
         return []
 
     def _reply_steps(self, deadline: float | None) -> list[Event]:
