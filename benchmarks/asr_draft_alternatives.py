@@ -42,8 +42,8 @@ def main() -> None:
     import torch
 
     from speclive.asr.whisper import load_whisper
-    from speclive.bench.asr import librivox_clips
     from speclive.models.install import model_dir
+    from speclive_bench.asr import librivox_clips
 
     torch.set_num_threads(2)
     clip = librivox_clips()[0]

@@ -24,10 +24,10 @@ def main() -> int:
 
     from speclive.asr.audio import to_mono_16k
     from speclive.asr.whisper import load_whisper
-    from speclive.bench.datasets import mtbench_questions
-    from speclive.bench.report import provenance
     from speclive.tts.piper import PiperTTS
     from speclive.tts.sentences import split_sentences
+    from speclive_bench.datasets import mtbench_questions
+    from speclive_bench.report import provenance
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/asr-encoder-int8.md"))

@@ -41,10 +41,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from speclive.bench.prompts import load_prompts
 from speclive.drafting.ngram import NgramDrafter
 from speclive.loader import tokenizer_for
 from speclive.models.resolve import resolve
+from speclive_bench.prompts import load_prompts
 
 BUCKETS = (2, 4, 8, 16, 32)
 DEPTH = 32

@@ -17,8 +17,8 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from speclive.bench.predgen import _mark_agreement, check_greedy_exactness, summarize, write_outputs
     from speclive.loader import load_backend
+    from speclive_bench.predgen import _mark_agreement, check_greedy_exactness, summarize, write_outputs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("result", type=Path, help="predgen-*.json")

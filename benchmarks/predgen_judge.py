@@ -105,8 +105,8 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
-    from speclive.bench.predgen import Judge, _spread
-    from speclive.bench.report import machine_info
+    from speclive_bench.predgen import Judge, _spread
+    from speclive_bench.report import machine_info
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("result", type=Path, help="predgen-*.json")

@@ -23,13 +23,13 @@ import json
 import sys
 
 from speclive.backends.base import CostModel
-from speclive.bench.prompts import load_prompts
 from speclive.drafting.base import StepFeedback
 from speclive.drafting.ngram import NgramDrafter
 from speclive.drafting.priors import cost_curve
 from speclive.drafting.suffix import SuffixConfig, SuffixDrafter, load_datastore
 from speclive.loader import tokenizer_for
 from speclive.models.resolve import resolve
+from speclive_bench.prompts import load_prompts
 
 
 class CurveTarget:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 def first_difference(ar_updates: list[list[int]], other: list[list[int]]) -> tuple[int, int] | None:
     """(update, token) of the first difference, or None when every update is identical."""
-    from speclive.bench.exactness import first_divergence
+    from speclive_bench.exactness import first_divergence
 
     for u, (a, b) in enumerate(zip(ar_updates, other, strict=True)):
         pos = first_divergence(a, b)
@@ -33,11 +33,11 @@ def first_difference(ar_updates: list[list[int]], other: list[list[int]]) -> tup
 
 
 def main(argv: list[str] | None = None) -> int:
-    from speclive.bench.exactness import ar_logit_gap
-    from speclive.bench.report import NEAR_TIE_GAP, command_line
     from speclive.loader import load_backend
     from speclive.sessions.retranslate import ReTranslator
     from speclive.sessions.simulate import lag_k_prefixes
+    from speclive_bench.exactness import ar_logit_gap
+    from speclive_bench.report import NEAR_TIE_GAP, command_line
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("result", type=Path, help="a retranslate-*.json with 'ar' and 'ssbd b=0' rows")

@@ -171,7 +171,7 @@ def to_pcm(a: np.ndarray) -> np.ndarray:
 
 def make_clips(tmp: Path, say=print) -> tuple[dict[str, np.ndarray], list[str]]:
     from speclive.asr.audio import load_audio
-    from speclive.bench.asr import LIBRIVOX  # pocketsphinx-testdata's LibriVox WAVs
+    from speclive_bench.asr import LIBRIVOX  # pocketsphinx-testdata's LibriVox WAVs
 
     sources: dict[str, np.ndarray] = {}
     notes: list[str] = []
@@ -209,9 +209,9 @@ def make_clips(tmp: Path, say=print) -> tuple[dict[str, np.ndarray], list[str]]:
 
 
 def main() -> int:
-    from speclive.bench.report import provenance
     from speclive.live.smartturn import THRESHOLD, SmartTurn, log_mel, window_audio
     from speclive.models.install import speclive_home
+    from speclive_bench.report import provenance
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/smart-turn-check.md"))

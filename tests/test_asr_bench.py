@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from asr_fixtures import tiny
 
-from speclive.bench.asr import COLUMNS, _norm, default_variants, markdown, plot
 from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter, _top2
+from speclive_bench.asr import COLUMNS, _norm, default_variants, markdown, plot
 
 
 def test_wer_normalization():
@@ -117,7 +117,7 @@ def test_trimmed_draft_rows_follow_the_margin():
 def test_draft_margin_argument():
     import argparse
 
-    from speclive.cli.flags import parse_margin
+    from speclive.options import parse_margin
 
     assert parse_margin("none") is None and parse_margin("NONE") is None
     assert parse_margin("1.5") == 1.5 and parse_margin("0") == 0.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speclive.bench.asr import librivox_clips
+from speclive_bench.asr import librivox_clips
 
 pytestmark = pytest.mark.slow
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from speclive.bench import asr_stream
-from speclive.bench.live import _asr_variant
 from speclive.errors import ConfigError
+from speclive_bench import asr_stream
+from speclive_bench.live import _asr_variant
 
 
 def _run(passes: list[tuple[str, int, str]], latency: float, cpu: float) -> dict:

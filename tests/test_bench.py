@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from speclive.bench import report
-from speclive.bench.costcurve import CostCurve, alpha_bound, alpha_hat, trace_bound
-from speclive.bench.decode import summarize, write_decode_outputs
-from speclive.bench.exactness import first_divergence
-from speclive.bench.peers import strip_eos
 from speclive.cli import main
-from speclive.cli.bench import add_bench_parser
 from speclive.errors import ConfigError
+from speclive_bench import report
+from speclive_bench.cli import add_bench_parser
+from speclive_bench.costcurve import CostCurve, alpha_bound, alpha_hat, trace_bound
+from speclive_bench.decode import summarize, write_decode_outputs
+from speclive_bench.exactness import first_divergence
+from speclive_bench.peers import strip_eos
 
 SMOL = "smollm2-135m-instruct"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -293,8 +293,8 @@ def test_replicas_and_hybrid_against_best_single() -> None:
     the best single drafter per set with a bootstrap interval over prompts."""
     import numpy as np
 
-    from speclive.bench.methods import method_base
-    from speclive.bench.talon import hybrid_vs_best, talon_markdown
+    from speclive_bench.methods import method_base
+    from speclive_bench.talon import hybrid_vs_best, talon_markdown
 
     assert method_base("suffix#2") == "suffix" and method_base("hybrid") == "hybrid"
     rng = np.random.default_rng(1)
@@ -333,7 +333,7 @@ def test_replicas_and_hybrid_against_best_single() -> None:
     result = {"header": {"target": "t", "backends": ["llamacpp"]}, "summary": [], "hybrid_vs_best": hv}
     from unittest import mock
 
-    with mock.patch("speclive.bench.report.markdown_preamble", return_value=[]):
+    with mock.patch("speclive_bench.report.markdown_preamble", return_value=[]):
         md = talon_markdown(result)
     assert "| b | suffix |" in md and "slower" in md and "suffix#2 / suffix" in md
 

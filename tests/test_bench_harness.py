@@ -1,4 +1,4 @@
-"""The benchmark harness: the import graph of ``speclive.bench``, the run header (git state,
+"""The benchmark harness: the import graph of ``speclive_bench``, the run header (git state,
 load average), the Talon verdict rule and the reference AR the exactness checks re-run."""
 
 from __future__ import annotations
@@ -10,28 +10,28 @@ from pathlib import Path
 import pytest
 from context_lm import ASSISTANT, EOS, USER, ContextLM, reference_greedy
 
-from speclive.bench import report
-from speclive.bench.exactness import ar_logit_gap
-from speclive.bench.talon import verdict
-from speclive.decoder import greedy_reference, greedy_steps
+from speclive_bench import report
+from speclive_bench.exactness import ar_logit_gap
+from speclive_bench.reference import greedy_reference, greedy_steps
+from speclive_bench.talon import verdict
 
 BENCH = Path(report.__file__).resolve().parent
 #: shared by every benchmark; they import no benchmark module
-HARNESS = {"report", "prompts", "costcurve", "exactness", "datasets", "peers", "vllm_peer"}
+HARNESS = {"report", "prompts", "costcurve", "exactness", "datasets", "peers", "vllm_peer", "reference", "launch"}
 
 
 # ------------------------------------------------------------------------------------ imports
 def _bench_imports(tree: ast.AST) -> set[str]:
-    """``speclive.bench`` modules a syntax tree imports."""
+    """``speclive_bench`` modules a syntax tree imports."""
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "speclive.bench":
+            if node.module == "speclive_bench":
                 out |= {a.name for a in node.names}
-            elif node.module.startswith("speclive.bench."):
-                out.add(node.module.split(".")[2])
+            elif node.module.startswith("speclive_bench."):
+                out.add(node.module.split(".")[1])
         elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[2] for a in node.names if a.name.startswith("speclive.bench.")}
+            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("speclive_bench.")}
     return out
 
 
@@ -49,7 +49,7 @@ def _module_level(tree: ast.Module) -> list[ast.stmt]:
 
 
 def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """Per module of ``speclive.bench``: the bench modules imported at module level, and those
+    """Per module of ``speclive_bench``: the bench modules imported at module level, and those
     imported inside functions."""
     top: dict[str, set[str]] = {}
     local: dict[str, set[str]] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speclive.bench.live import BASELINES, chat_markdown, summarize_chat
+from speclive_bench.live import BASELINES, chat_markdown, summarize_chat
 
 METHODS = ("predgen", *BASELINES)
 #: latency per method (seconds) on every sample; predgen's end-of-turn delay is 0.5 s

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from speclive.bench.serve import Request, serve_markdown, summarize, summarize_voice
+from speclive_bench.serve import Request, serve_markdown, summarize, summarize_voice
 
 
 def _req(server, s, prompt, tokens, total, ttft=0.1, text=None, error=""):

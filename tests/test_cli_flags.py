@@ -1,4 +1,4 @@
-"""Options declared once (``speclive.cli.flags``): parser, options object and reproducing
+"""Options declared once (``speclive.options``): parser, options object and reproducing
 command agree, for a toy options class and for every ``bench`` command built on them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from speclive.cli.flags import OptionSet, option
+from speclive.options import OptionSet, option
 
 
 @dataclasses.dataclass
@@ -115,9 +115,10 @@ BENCH_ARGV = [
 @pytest.mark.parametrize("argv", BENCH_ARGV, ids=lambda a: a[0])
 def test_bench_commands_reproduce_their_options(argv: list[str]) -> None:
     """The command written into a result re-parses to the options that produced it."""
-    from speclive.bench import reliability, scale, serve, soak
-    from speclive.bench.speechlm import SpeechLMBenchOptions
-    from speclive.cli import bench, bench_asr
+    from speclive_bench import cli as bench
+    from speclive_bench import cli_asr as bench_asr
+    from speclive_bench import reliability, scale, serve, soak
+    from speclive_bench.speechlm import SpeechLMBenchOptions
 
     special = {
         "decode": bench.decode_options,

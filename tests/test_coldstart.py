@@ -216,8 +216,8 @@ def test_model_drafter_gate_in_a_second_process(tmp_path):
 
 # ------------------------------------------------------------------------------ peers
 def test_llama_cpp_prompt_lookup_peer_is_greedy_and_drafts(llama_smol):
-    from speclive.bench.peers import LlamaCppPythonPeer, LlamaPromptLookupPeer
     from speclive.models.resolve import resolve
+    from speclive_bench.peers import LlamaCppPythonPeer, LlamaPromptLookupPeer
 
     gguf = resolve("smollm2-135m-instruct").gguf
     tok = llama_smol.tokenizer
@@ -239,8 +239,8 @@ def test_llama_cpp_prompt_lookup_peer_is_greedy_and_drafts(llama_smol):
 
 
 def test_cold_methods_and_cold_vs_warm_table():
-    from speclive.bench.decode import _cold_methods, cold_vs_warm
-    from speclive.bench.methods import Method
+    from speclive_bench.decode import _cold_methods, cold_vs_warm
+    from speclive_bench.methods import Method
 
     local = [
         Method("ar", "llamacpp", "ours"),

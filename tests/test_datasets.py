@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from speclive.bench.datasets import chat_messages, code_edit_prompts, humaneval_problems, mtbench_questions
+from speclive_bench.datasets import chat_messages, code_edit_prompts, humaneval_problems, mtbench_questions
 
 
 @pytest.fixture(scope="module", autouse=True)

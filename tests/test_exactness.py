@@ -28,12 +28,12 @@ from prompts import ALL
 
 from speclive.backends.base import NEAR_TIE_GAP
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
-from speclive.decoder import greedy_reference as decoder_greedy_reference
 from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.crossvocab import CrossVocabDrafter
 from speclive.drafting.model import ModelDrafter
 from speclive.drafting.ngram import NgramDrafter
 from speclive.drafting.tree import DraftTree
+from speclive_bench.reference import greedy_reference as decoder_greedy_reference
 
 MAX_TOKENS = 16
 #: drafters on every prompt, and the costly ones taking turns: prompt i runs ``ROTATING[i % 4]``
@@ -54,7 +54,7 @@ _REFERENCES: dict[tuple[int, tuple[int, ...], int], tuple[list[int], list[float]
 
 
 def greedy_reference(backend, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    """Plain one-token-at-a-time greedy decoding (``speclive.decoder.greedy_reference``), with
+    """Plain one-token-at-a-time greedy decoding (``speclive_bench.reference.greedy_reference``), with
     the top-2 logit gap of every step (computed once per backend, prompt and length in a test
     session)."""
     key = (id(backend), tuple(prompt), n)

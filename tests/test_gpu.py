@@ -136,7 +136,7 @@ def test_cuda_whisper_speculation_matches_ar():
 
     from speclive.asr.transcribe import TranscribeConfig, Transcriber
     from speclive.asr.whisper import load_whisper
-    from speclive.bench.asr import clips_from
+    from speclive_bench.asr import clips_from
 
     folder = os.environ.get("SPECLIVE_CLIPS")
     if not folder:

@@ -25,9 +25,10 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from speclive.backends.llamacpp import LlamaCppBackend, LlamaCppState, llama_reference_greedy  # noqa: E402
+from speclive.backends.llamacpp import LlamaCppBackend, LlamaCppState  # noqa: E402
 from speclive.errors import ContextOverflowError  # noqa: E402
 from speclive.tokenizer import Tokenizer  # noqa: E402
+from speclive_bench.reference import llama_reference_greedy  # noqa: E402
 
 pytestmark = pytest.mark.llamacpp
 

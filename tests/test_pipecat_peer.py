@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from speclive.bench import pipecat_peer
 from speclive.errors import ConfigError
+from speclive_bench import pipecat_peer
 
 RUNNER = Path(__file__).resolve().parents[1] / "benchmarks" / "pipecat_peer" / "runner.py"
 

@@ -285,7 +285,7 @@ def test_bench_classifies_greedy_divergences(llama_smol):
     import numpy as np
     from test_exactness import first_divergence, greedy_reference
 
-    from speclive.bench.predgen import _mark_agreement, check_greedy_exactness
+    from speclive_bench.predgen import _mark_agreement, check_greedy_exactness
 
     question = "Name three colours.\nThen name\ttwo animals."
     base, _ = simulate_user(PredictiveResponder(llama_smol, baseline=True, max_tokens=24), question)

@@ -52,7 +52,7 @@ def test_summary_pairs_by_question_and_counts_unscored(pj):
 def test_judge_asks_for_the_rating_when_the_reply_has_none():
     """A real (small) judge cut off after 8 tokens has written no ``[[rating]]``: the judge is
     then asked to complete ``Rating: [[`` after its own words, and a 1-10 score comes back."""
-    from speclive.bench.predgen import Judge, _parse_rating
+    from speclive_bench.predgen import Judge, _parse_rating
 
     judge = Judge("smollm2-135m-instruct", "llamacpp", max_tokens=8)
     out = judge.judge("What is the capital of France?", "The capital of France is Paris.")

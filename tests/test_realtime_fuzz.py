@@ -1,6 +1,6 @@
 """``WS /v1/realtime`` under fuzzing and hostile clients: errors or clean closes, never a crash.
 
-A short run of the realtime fuzzer (``speclive.bench.fuzz_realtime``) against a real server
+A short run of the realtime fuzzer (``speclive_bench.fuzz_realtime``) against a real server
 (SmolLM2 on llama.cpp, whisper-tiny.en, Piper) with tight limits so that each one is reached in
 seconds: generated event scripts (broken events, wrong types, binary frames, base64 that is not
 audio, real speech, disconnects without a close frame), then a frame over the size limit, an
@@ -20,12 +20,12 @@ pytest.importorskip("websockets")
 pytest.importorskip("hypothesis")
 pytest.importorskip("llama_cpp")
 
-from speclive.bench.fuzz_realtime import fuzz_realtime  # noqa: E402
-from speclive.bench.reliability import ErrorLog  # noqa: E402
 from speclive.server.app import create_app  # noqa: E402
 from speclive.server.config import ServerConfig  # noqa: E402
 from speclive.server.inproc import serve_in_thread  # noqa: E402
 from speclive.server.ratelimit import TokenBucket  # noqa: E402
+from speclive_bench.fuzz_realtime import fuzz_realtime  # noqa: E402
+from speclive_bench.reliability import ErrorLog  # noqa: E402
 
 KEY = "fuzz-key"
 

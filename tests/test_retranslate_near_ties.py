@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from bench_scripts import load_benchmark_script
 
-from speclive.bench.report import NEAR_TIE_GAP
+from speclive_bench.report import NEAR_TIE_GAP
 
 SOURCE = "The old lighthouse keeper climbed the stairs every evening at dusk."
 

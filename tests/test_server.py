@@ -26,11 +26,12 @@ pytest.importorskip("llama_cpp")
 import httpx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
-from speclive.decoder import GenerationStats, greedy_reference  # noqa: E402
+from speclive.decoder import GenerationStats  # noqa: E402
 from speclive.server.app import create_app  # noqa: E402
 from speclive.server.chat import ChatDelta, ChatDone  # noqa: E402
 from speclive.server.config import ServerConfig  # noqa: E402
 from speclive.server.inproc import serve_in_thread  # noqa: E402
+from speclive_bench.reference import greedy_reference  # noqa: E402
 
 KEY = "test-key-123"
 SMALL = "smollm2-135m-instruct"

@@ -1,6 +1,6 @@
 """The REST API fuzzed from its own OpenAPI schema: no 5xx, OpenAI-style errors, still serving.
 
-A short run of the reliability fuzzer (``speclive.bench.fuzz``) against a real server (SmolLM2
+A short run of the reliability fuzzer (``speclive_bench.fuzz``) against a real server (SmolLM2
 on llama.cpp with chat completions capped at 4 tokens, whisper-tiny.en, Piper): a few dozen valid
 and invalid requests per operation, with the API key on. The benchmark runs thousands.
 """
@@ -15,9 +15,9 @@ pytest.importorskip("llama_cpp")
 
 from test_server import running  # noqa: E402
 
-from speclive.bench.fuzz import error_object_problem, fuzz_rest  # noqa: E402
 from speclive.server.app import create_app  # noqa: E402
 from speclive.server.config import ServerConfig  # noqa: E402
+from speclive_bench.fuzz import error_object_problem, fuzz_rest  # noqa: E402
 
 KEY = "fuzz-key"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from speclive.bench.soak import QUESTIONS, closest_question, summarize_soak
+from speclive_bench.soak import QUESTIONS, closest_question, summarize_soak
 
 
 def test_closest_question_tolerates_asr_errors():

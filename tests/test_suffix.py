@@ -254,12 +254,12 @@ def test_bench_refuses_a_datastore_holding_benchmark_answers(tmp_path):
     """A corpus answer to a benchmark question (also one asked inside a chat-slice prompt) is
     dropped by ``--exclude-bench``; a datastore that still holds one is refused before any
     model is loaded (retrieval would copy the answer and inflate the speedup)."""
-    from speclive.bench.datasets import mtbench_questions
-    from speclive.bench.decode import DecodeOptions
-    from speclive.bench.prompts import load_prompts
-    from speclive.bench.talon import run_talon
     from speclive.cli import main
     from speclive.errors import ConfigError
+    from speclive_bench.datasets import mtbench_questions
+    from speclive_bench.decode import DecodeOptions
+    from speclive_bench.prompts import load_prompts
+    from speclive_bench.talon import run_talon
 
     limit = 4
     mt = load_prompts("mtbench", limit)[0]
@@ -289,7 +289,7 @@ def test_bench_refuses_a_datastore_holding_benchmark_answers(tmp_path):
         run_talon(opts)
     assert mt["id"] in str(err.value) and chat["id"] in str(err.value)
     clean = build(tmp_path / "clean.npz", "--exclude-bench", str(limit))
-    from speclive.bench.talon import datastore_facts
+    from speclive_bench.talon import datastore_facts
 
     facts = datastore_facts(clean, [*load_prompts("mtbench", limit), *load_prompts("chat-heldout", limit)])
     assert facts["overlap_with_benchmark"] == [] and facts["corpus_prompts"] == 1

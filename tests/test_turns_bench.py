@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from speclive.bench import turns as tb
 from speclive.live.turnpolicy import TurnPolicy, TurnPolicyConfig
+from speclive_bench import turns as tb
 
 
 def _turn(**kw):

@@ -1,4 +1,4 @@
-"""The end-of-turn turn set (``speclive.bench.turnset``), built with fake voices: a tone as long
+"""The end-of-turn turn set (``speclive_bench.turnset``), built with fake voices: a tone as long
 as the text, padded with silence the assembly must trim; the ground truth is checked against
 where the written audio is loud and quiet."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from speclive.bench import turnset as ts
+from speclive_bench import turnset as ts
 
 FAKE_SR = 22_050
 PAD_S = 0.1

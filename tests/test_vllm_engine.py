@@ -286,7 +286,7 @@ def test_cli_engine_options_are_checked_before_loading(capsys):
 
 
 def test_bench_scale_runs_and_reports(lm, server, tmp_path):
-    from speclive.bench.scale import ScaleBenchOptions, markdown, run_scale_bench, write_outputs
+    from speclive_bench.scale import ScaleBenchOptions, markdown, run_scale_bench, write_outputs
 
     opts = ScaleBenchOptions(
         sessions=(1, 3), rounds=1, ssbd_max_tokens=12, chat_max_tokens=12, cpm=60000.0, lag_k=6

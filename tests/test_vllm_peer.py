@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from speclive.bench import vllm_peer
-from speclive.bench.peers import VLLM_METHODS, VllmPeer, vllm_forwards, vllm_python
+from speclive_bench import vllm_peer
+from speclive_bench.peers import VLLM_METHODS, VllmPeer, vllm_forwards, vllm_python
 
 
 def test_speculative_config_per_method() -> None:
@@ -175,7 +175,7 @@ def test_run_all_round_trip_with_a_fake_interpreter(tmp_path: Path) -> None:
 
 
 def test_peer_comparison_line() -> None:
-    from speclive.bench.decode import peer_comparison
+    from speclive_bench.decode import peer_comparison
 
     rows = [
         {"method": "ar", "backend": "llamacpp", "e2e_tps": 20.0, "prompts": 2},

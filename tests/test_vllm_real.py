@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from speclive.bench.peers import vllm_python
 from speclive.errors import EngineUnavailableError
 from speclive.sessions.simulate import lag_k_prefixes
+from speclive_bench.peers import vllm_python
 
 pytestmark = [
     pytest.mark.slow,
@@ -36,7 +36,7 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def servers():
-    from speclive.engines.launch import VLLMServer
+    from speclive_bench.launch import VLLMServer
 
     started = []
     try:

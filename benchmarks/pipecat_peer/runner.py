@@ -1,6 +1,6 @@
 """Pipecat 1.14 voice pipeline for the turn-taking benchmark; runs INSIDE the Pipecat venv.
 
-Usage (``speclive.bench.pipecat_peer.run_pipecat`` does all of this)::
+Usage (``speclive_bench.pipecat_peer.run_pipecat`` does all of this)::
 
     <pipecat venv>/bin/python benchmarks/pipecat_peer/runner.py JOB.json OUT.json
 

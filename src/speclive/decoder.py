@@ -14,7 +14,7 @@ newest one (``pending``), whose logits are produced as row 0 of the next verific
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -502,68 +502,3 @@ def make_decoder(
     if target.in_process:
         return SpeculativeDecoder(target, drafter, rule, knowledge)
     return target.make_decoder(drafter, rule, knowledge)
-
-
-# ---------------------------------------------------------------------------------------- reference
-def greedy_steps(
-    backend: Backend,
-    prompt_ids: Sequence[int],
-    max_tokens: int,
-    *,
-    follow: Sequence[int] = (),
-    split_prompt: bool = False,
-) -> Iterator[tuple[np.ndarray, int]]:
-    """Plain autoregressive greedy decoding, one target forward per token, in a state of its own:
-    the reference every lossless mode of ``SpeculativeDecoder`` must reproduce token for token.
-
-    Yields ``(row, token)`` per output position, at most ``max_tokens``: the logits row that
-    chooses the token there and the token that is fed on, as a one-token step: the row's argmax,
-    or ``follow[i]`` while ``i < len(follow)`` (teacher forcing along a known output; a followed
-    token never ends the run). The run ends after an argmax that is an end-of-sequence token.
-
-    ``split_prompt``: evaluate ``prompt_ids[:-1]`` first and the last prompt token as a step of
-    its own (the shapes of the loop's prefill and first verification for a prompt too long to
-    fuse), instead of the whole prompt in one batch. On a quantized backend the logits of a
-    batch differ slightly from those of one-token steps.
-    """
-    prompt = [int(t) for t in prompt_ids]
-    eos = backend.tokenizer.eos_ids
-    state = backend.new_state()
-    try:
-        if split_prompt:
-            if len(prompt) > 1:
-                backend.extend(state, prompt[:-1], last_only=True)
-            row = backend.extend(state, prompt[-1:])[-1]
-        else:
-            row = backend.extend(state, prompt)[-1]
-        for i in range(max_tokens):
-            tok = int(follow[i]) if i < len(follow) else int(np.argmax(row))
-            yield row, tok
-            if i >= len(follow) and tok in eos:
-                return
-            if i + 1 < max_tokens:
-                row = backend.extend(state, [tok])[-1]
-    finally:
-        backend.release(state)
-
-
-def top2_gap(row: np.ndarray) -> float:
-    """The largest logit of ``row`` minus the second largest (0 at a tie)."""
-    top = np.partition(row, -2)[-2:]
-    return float(top[1] - top[0])
-
-
-def greedy_reference(
-    backend: Backend, prompt_ids: Sequence[int], max_tokens: int
-) -> tuple[list[int], list[float]]:
-    """Greedy output of ``greedy_steps`` (whole prompt in one batch) and the top-2 logit gap at
-    every position: ``(token_ids, gaps)``. An end-of-sequence token ends the output (it is not
-    included, its gap is: ``len(gaps)`` is ``len(token_ids) + 1`` then)."""
-    eos = backend.tokenizer.eos_ids
-    out: list[int] = []
-    gaps: list[float] = []
-    for row, tok in greedy_steps(backend, prompt_ids, max_tokens):
-        gaps.append(top2_gap(row))
-        if tok not in eos:
-            out.append(tok)
-    return out, gaps

@@ -1,6 +1,6 @@
 """Facts about the machine that both the engine and the benchmark reports need.
 
-Kept apart from ``speclive.bench`` so the backends can key measurements by CPU without
+Kept apart from ``speclive_bench`` so the backends can key measurements by CPU without
 importing the benchmark layer.
 """
 

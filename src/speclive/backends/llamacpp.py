@@ -31,8 +31,8 @@ active ones). A backend is not thread-safe: use it from one thread at a time.
 
 Numerics: logits of a k-token batch differ from one-token steps by up to ~0.7 (quantized
 kernels depend on the batch shape), so llama.cpp is *close to*, not bit-identical with, a fresh
-evaluation (``docs/engine.md``, exactness). ``llama_reference_greedy`` runs llama-cpp-python's
-own ``Llama`` generation for comparisons and benchmarks.
+evaluation (``docs/engine.md``, exactness). The benchmarks' reference generator
+(llama-cpp-python's own ``Llama``) lives in ``speclive_bench.reference``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ _LOG_CALLBACK: Any = None  # the ctypes callback must stay alive as long as llam
 _BACKEND_READY = False
 
 
-def _lib() -> Any:
+def llama_cpp_lib() -> Any:
     """The low-level binding module, with logging silenced and the backend initialized once."""
     global _LOG_CALLBACK, _BACKEND_READY
     try:
@@ -136,7 +136,7 @@ class LlamaCppBackend(Backend):
         self.restores = 0
         #: states evicted because the KV cells ran out (only with ``restore_evicted``)
         self.cell_evictions = 0
-        lib = _lib()
+        lib = llama_cpp_lib()
         self._lib = lib
         self._model: Any = None
         self._ctx: Any = None
@@ -658,70 +658,3 @@ class LlamaCppBackend(Backend):
         if st.seq < 0:
             return 0
         return int(self._lib.llama_memory_seq_pos_max(self._mem, st.seq)) + 1
-
-
-class LlamaReference:
-    """llama-cpp-python's own ``Llama`` object, used as the peer generator in comparisons."""
-
-    def __init__(
-        self,
-        gguf_path: str | os.PathLike[str],
-        n_ctx: int = 4096,
-        n_threads: int | None = None,
-        draft_model: Any = None,
-    ):
-        """``draft_model``: llama-cpp-python's own speculative drafter (a ``LlamaDraftModel``,
-        e.g. ``LlamaPromptLookupDecoding``), passed to ``Llama(draft_model=...)``."""
-        _lib()
-        from llama_cpp import Llama
-
-        threads = int(n_threads or os.cpu_count() or 1)
-        self.llm = Llama(
-            model_path=str(gguf_path),
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            logits_all=False,
-            flash_attn=False,
-            verbose=False,
-            draft_model=draft_model,
-        )
-
-    def greedy(
-        self, prompt_ids: Sequence[int], max_tokens: int, stop_ids: Collection[int] | None = None
-    ) -> list[int]:
-        """Greedy continuation of ``prompt_ids`` (a stop token, if met, is included and ends it)."""
-        llm = self.llm
-        llm.reset()  # no prefix reuse from an earlier call: every call starts from the prompt
-        out: list[int] = []
-        if max_tokens <= 0:
-            return out
-        stops = set(stop_ids or ())
-        gen = llm.generate(
-            [int(t) for t in prompt_ids], temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0
-        )
-        for tok in gen:
-            out.append(int(tok))
-            if len(out) >= max_tokens or tok in stops:
-                break
-        gen.close()
-        return out
-
-    def close(self) -> None:
-        self.llm.close()
-
-
-def llama_reference_greedy(
-    gguf_path: str | os.PathLike[str],
-    prompt_ids: Sequence[int],
-    max_tokens: int,
-    n_threads: int | None = None,
-    n_ctx: int = 4096,
-    stop_ids: Collection[int] | None = None,
-) -> list[int]:
-    """llama-cpp-python's own greedy generation (``Llama.generate`` with temp 0) of ``max_tokens``."""
-    ref = LlamaReference(gguf_path, n_ctx=n_ctx, n_threads=n_threads)
-    try:
-        return ref.greedy(prompt_ids, max_tokens, stop_ids)
-    finally:
-        ref.close()

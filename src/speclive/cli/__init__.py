@@ -6,7 +6,7 @@ one; the commands are thin shells over the library:
 - ``generate``: ``speclive generate`` and the engine options other one-model commands share;
 - ``models``: ``speclive models list|install|verify``;
 - ``knowledge``: ``speclive knowledge show|reset|path``;
-- ``bench``: ``speclive bench ...`` (``bench_asr``: its ``asr`` sub-command);
+- ``bench``: ``speclive bench ...``, from the ``speclive_bench`` package;
 - ``datastore``: ``speclive datastore build|info|outputs``;
 - ``demo``: ``speclive demo``;
 - ``sessions``: ``speclive retranslate`` and ``speclive predgen``;
@@ -28,7 +28,6 @@ from speclive.errors import SpecliveError
 
 def main(argv: list[str] | None = None) -> int:
     from speclive.cli.asr import add_transcribe_parser
-    from speclive.cli.bench import add_bench_parser
     from speclive.cli.datastore import add_datastore_parser
     from speclive.cli.demo import add_demo_parser
     from speclive.cli.generate import add_generate_parser
@@ -38,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from speclive.cli.serve import add_serve_parser
     from speclive.cli.sessions import add_predgen_parser, add_retranslate_parser
     from speclive.cli.speechlm import add_speechlm_parser
+    from speclive_bench.cli import add_bench_parser
 
     parser = argparse.ArgumentParser(prog="speclive", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "bench" and getattr(args, "out", None) is not None:
-            from speclive.bench.report import refuse_dirty_results
+            from speclive_bench.report import refuse_dirty_results
 
             refuse_dirty_results(args.out)  # before any model loads
         return int(args.func(args) or 0)

@@ -7,7 +7,7 @@ import json
 import sys
 
 from speclive.asr.transcribe import METHODS
-from speclive.cli.flags import add_stream_draft_flag, parse_margin
+from speclive.options import add_stream_draft_flag, parse_margin
 
 
 def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from speclive.cli.flags import csv
+from speclive.options import csv
 
 
 def add_datastore_parser(subparsers: Any) -> None:
@@ -67,7 +67,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     tok = tokenizer_for(ref)
     exclude: list[str] = []
     if args.exclude_bench is not None:
-        from speclive.bench.prompts import bench_prompt_texts
+        from speclive_bench.prompts import bench_prompt_texts
 
         exclude = bench_prompt_texts(args.exclude_bench or None)
     rep = CorpusReport()
@@ -138,9 +138,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_outputs(args: argparse.Namespace) -> int:
-    from speclive.bench.prompts import held_out_prompts
     from speclive.decoder import GenerationConfig, SpeculativeDecoder
     from speclive.loader import load_backend, make_drafter
+    from speclive_bench.prompts import held_out_prompts
 
     target = load_backend(args.model, args.backend)
     drafter = make_drafter("ngram", target)

@@ -14,8 +14,8 @@ import json
 import sys
 from typing import Any
 
-from speclive.cli.flags import add_stream_draft_flag, parse_margin
 from speclive.errors import ConfigError
+from speclive.options import add_stream_draft_flag, parse_margin
 
 
 def _common(p: argparse.ArgumentParser) -> None:

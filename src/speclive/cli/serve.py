@@ -15,9 +15,9 @@ GRACEFUL_S = 30
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    from speclive.cli.flags import add_stream_draft_flag
     from speclive.cli.generate import add_engine_args
     from speclive.engines.options import add_engine_options
+    from speclive.options import add_stream_draft_flag
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server: chat, transcription, speech")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")

@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from speclive.backends.base import Backend
-from speclive.bench import report
-from speclive.cli.flags import option
 from speclive.loader import BACKENDS, DEFAULT_MODEL
+from speclive.options import option
+from speclive_bench import report
 
 DEFAULT_CURVE_KS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 

@@ -15,7 +15,7 @@ counted.
   or ``prompt_lookup_num_tokens`` (prompt lookup decoding). It counts target forwards with a
   forward pre-hook, so τ (tokens per target forward) is comparable with ours.
 - ``VllmPeer``: vLLM (CPU build) in its own virtual environment, driven through
-  ``speclive/bench/vllm_peer.py`` in a subprocess (one engine start per method).
+  ``speclive_bench/vllm_peer.py`` in a subprocess (one engine start per method).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from speclive.backends.cpu_linear import stock_linears
+from speclive_bench.reference import LlamaReference
 
 
 @dataclass
@@ -83,7 +84,6 @@ class LlamaCppPythonPeer(Peer):
         n_ctx: int = 4096,
         threads: int | None = None,
     ):
-        from speclive.backends.llamacpp import LlamaReference
 
         self.ref = LlamaReference(gguf, n_ctx=n_ctx, n_threads=threads)
         self.eos = set(int(t) for t in eos_ids)
@@ -119,8 +119,6 @@ class LlamaPromptLookupPeer(Peer):
         name: str = "llama-cpp-pld",
     ):
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        from speclive.backends.llamacpp import LlamaReference
 
         self.name = name
         self.drafted = 0
@@ -267,7 +265,7 @@ def vllm_python(root: Path | None = None) -> Path | None:
         return py if py.is_file() else None
     here = Path(__file__).resolve()
     candidates = [root] if root else []
-    candidates += [Path.cwd(), here.parents[3]]
+    candidates += [Path.cwd(), here.parents[2]]
     for base in candidates:
         py = Path(base) / ".venv-vllm" / "bin" / "python"
         if py.is_file():

@@ -41,10 +41,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from speclive.bench import datasets, report
-from speclive.bench.live import chat_questions, speak
-from speclive.cli.flags import OptionSet, option
+from speclive.options import OptionSet, option
 from speclive.server.inproc import free_port
+from speclive_bench import datasets, report
+from speclive_bench.live import chat_questions, speak
 
 SERVERS = ("speclive", "llama_cpp.server")
 

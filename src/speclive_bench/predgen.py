@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speclive.bench import report
-from speclive.bench.datasets import mtbench_questions
-from speclive.bench.exactness import ar_logit_gap, first_divergence
-from speclive.cli.flags import option
 from speclive.loader import BACKENDS, DEFAULT_MODEL
+from speclive.options import option
+from speclive_bench import report
+from speclive_bench.datasets import mtbench_questions
+from speclive_bench.exactness import ar_logit_gap, first_divergence
 
 METHODS = ("baseline", "greedy", "topk:3", "reflection")
 

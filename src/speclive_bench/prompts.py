@@ -1,7 +1,7 @@
 """The benchmark prompt sets as ``{"id", "text"}`` rows (``text``: one user message).
 
 - ``code-edit``, ``humaneval``, ``mtbench``: the sets of ``speclive bench decode``
-  (``speclive.bench.datasets``), spread evenly over the set by ``--limit``;
+  (``speclive_bench.datasets``), spread evenly over the set by ``--limit``;
 - ``chat-heldout``: a held-out ShareGPT-like slice for ``speclive bench talon``: other MT-Bench
   questions (shifted by one from the ``mtbench`` sample) asked together with their follow-up
   turn, as one user message. No ShareGPT dump is available offline; this is the closest
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from speclive.bench import datasets
+from speclive_bench import datasets
 
 SETS: tuple[str, ...] = ("code-edit", "humaneval", "mtbench")
 #: the sets of ``speclive bench talon``

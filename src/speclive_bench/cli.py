@@ -8,7 +8,7 @@ Sub-commands:
   generate / assisted / prompt lookup, vLLM when installed) on the same prompts in one process;
   writes ``decode-<tag>.{json,md,png}``.
 - ``scale``: speclive's sessions on vLLM vs plain vLLM at 1 and N concurrent sessions
-  (``speclive.bench.scale``); writes ``scale-<tag>.{json,md,png}``.
+  (``speclive_bench.scale``); writes ``scale-<tag>.{json,md,png}``.
 - ``all-small``: a quick preset of ``decode`` (SmolLM2 on llama.cpp, 2 prompts per set,
   32 tokens) to check that everything runs.
 """
@@ -20,12 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from speclive.cli.flags import OptionSet
+from speclive.options import OptionSet
 
 
 def add_bench_parser(subparsers: Any) -> None:
     """Register ``speclive bench`` and its sub-commands on the top-level sub-parsers."""
-    from speclive.bench.report import RESULTS_DIR
+    from speclive_bench.report import RESULTS_DIR
 
     p = subparsers.add_parser("bench", help="benchmarks: cost curves, decode speed vs peers")
     sub = p.add_subparsers(dest="bench_command", required=True)
@@ -66,31 +66,31 @@ def add_bench_parser(subparsers: Any) -> None:
     _options("live").add_to(lv)
     lv.set_defaults(func=cmd_live)
 
-    from speclive.bench.speechlm import add_speechlm_bench_parser
+    from speclive_bench.speechlm import add_speechlm_bench_parser
 
     add_speechlm_bench_parser(sub)
 
-    from speclive.cli.bench_asr import add_asr_bench_parser
+    from speclive_bench.cli_asr import add_asr_bench_parser
 
     add_asr_bench_parser(sub)
 
-    from speclive.bench.serve import add_serve_bench_parser
+    from speclive_bench.serve import add_serve_bench_parser
 
     add_serve_bench_parser(sub)
 
-    from speclive.bench.reliability import add_fuzz_parser
+    from speclive_bench.reliability import add_fuzz_parser
 
     add_fuzz_parser(sub)
 
-    from speclive.bench.soak import add_soak_parser
+    from speclive_bench.soak import add_soak_parser
 
     add_soak_parser(sub)
 
-    from speclive.bench.scale import add_scale_bench_parser
+    from speclive_bench.scale import add_scale_bench_parser
 
     add_scale_bench_parser(sub)
 
-    from speclive.bench.turns import add_turns_bench_parser
+    from speclive_bench.turns import add_turns_bench_parser
 
     add_turns_bench_parser(sub)
 
@@ -98,15 +98,15 @@ def add_bench_parser(subparsers: Any) -> None:
 def _options(command: str) -> OptionSet:
     """The option set of a ``bench`` sub-command whose options class is its own."""
     if command == "costcurve":
-        from speclive.bench.costcurve import CostCurveOptions as cls
+        from speclive_bench.costcurve import CostCurveOptions as cls
     elif command == "retranslate":
-        from speclive.bench.ssbd import RetranslateBenchOptions as cls
+        from speclive_bench.ssbd import RetranslateBenchOptions as cls
     elif command == "graphs":
-        from speclive.bench.graphs import GraphsOptions as cls
+        from speclive_bench.graphs import GraphsOptions as cls
     elif command == "predgen":
-        from speclive.bench.predgen import PredGenBenchOptions as cls
+        from speclive_bench.predgen import PredGenBenchOptions as cls
     elif command == "live":
-        from speclive.bench.live import LiveBenchOptions as cls
+        from speclive_bench.live import LiveBenchOptions as cls
 
         return OptionSet(cls, defaults={"methods": None})
     else:
@@ -119,9 +119,9 @@ def _log(msg: str) -> None:
 
 
 def cmd_costcurve(args: argparse.Namespace) -> int:
-    from speclive.bench import report
-    from speclive.bench.costcurve import curve_columns, measure_cost_curve, write_costcurve_outputs
     from speclive.loader import load_backend
+    from speclive_bench import report
+    from speclive_bench.costcurve import curve_columns, measure_cost_curve, write_costcurve_outputs
 
     options = _options("costcurve")
     opts = options.build(args)
@@ -166,15 +166,15 @@ def cmd_costcurve(args: argparse.Namespace) -> int:
 
 def decode_options() -> OptionSet:
     """``bench decode``'s options: every declared ``DecodeOptions`` field but Talon's."""
-    from speclive.bench.decode import DecodeOptions
+    from speclive_bench.decode import DecodeOptions
 
     return OptionSet(DecodeOptions, skip=("datastore", "hf_peers"))
 
 
 def talon_options() -> OptionSet:
     """``bench talon``'s options: ``DecodeOptions`` with the Talon sets and methods."""
-    from speclive.bench.decode import DecodeOptions
-    from speclive.bench.prompts import TALON_SETS
+    from speclive_bench.decode import DecodeOptions
+    from speclive_bench.prompts import TALON_SETS
 
     fields = ("target", "backends", "device", "sets", "limit", "max_tokens", "methods", "datastore")
     fields += ("hf_peers", "out", "tag", "measure_curve", "plot", "progress")
@@ -203,8 +203,8 @@ def _check_sets(sets: list[str], known: tuple[str, ...]) -> None:
 
 def run_decode_command(opts: Any) -> int:
     """``bench decode`` on ``opts`` (``DecodeOptions``): run, write the results, print the table."""
-    from speclive.bench.decode import decode_markdown, run_decode_bench, write_decode_outputs
-    from speclive.bench.prompts import SETS
+    from speclive_bench.decode import decode_markdown, run_decode_bench, write_decode_outputs
+    from speclive_bench.prompts import SETS
 
     _check_sets(list(opts.sets), SETS)
     options = decode_options()
@@ -221,7 +221,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_all_small(args: argparse.Namespace) -> int:
-    from speclive.bench.methods import LLAMACPP_PEERS, OUR_METHODS
+    from speclive_bench.methods import LLAMACPP_PEERS, OUR_METHODS
 
     opts = decode_options().preset(
         target="smollm2-135m-instruct",
@@ -236,7 +236,7 @@ def cmd_all_small(args: argparse.Namespace) -> int:
 
 
 def cmd_retranslate(args: argparse.Namespace) -> int:
-    from speclive.bench.ssbd import markdown, run_retranslate_bench, write_outputs
+    from speclive_bench.ssbd import markdown, run_retranslate_bench, write_outputs
 
     options = _options("retranslate")
     opts = options.build(args)
@@ -250,8 +250,8 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
 
 
 def cmd_graphs(args: argparse.Namespace) -> int:
-    from speclive.bench.graphs import markdown, plot, run_graphs_bench
-    from speclive.bench.report import machine_info, write_result_files
+    from speclive_bench.graphs import markdown, plot, run_graphs_bench
+    from speclive_bench.report import machine_info, write_result_files
 
     options = _options("graphs")
     opts = options.build(args)
@@ -280,9 +280,9 @@ def cmd_graphs(args: argparse.Namespace) -> int:
 
 
 def cmd_predgen(args: argparse.Namespace) -> int:
-    from speclive.bench.predgen import markdown, run_predgen_bench, write_outputs
     from speclive.errors import ConfigError
     from speclive.sessions.predictive import parse_method
+    from speclive_bench.predgen import markdown, run_predgen_bench, write_outputs
 
     options = _options("predgen")
     opts = options.build(args)
@@ -301,7 +301,8 @@ def cmd_predgen(args: argparse.Namespace) -> int:
 
 
 def cmd_live(args: argparse.Namespace) -> int:
-    from speclive.bench.live import (
+    from speclive.errors import ConfigError
+    from speclive_bench.live import (
         CHAT_METHODS,
         TRANSLATE_METHODS,
         VOICES,
@@ -312,7 +313,6 @@ def cmd_live(args: argparse.Namespace) -> int:
         translate_markdown,
         write_outputs,
     )
-    from speclive.errors import ConfigError
 
     options = _options("live")
     opts = options.build(args)
@@ -345,9 +345,9 @@ def cmd_live(args: argparse.Namespace) -> int:
 
 
 def cmd_talon(args: argparse.Namespace) -> int:
-    from speclive.bench import report
-    from speclive.bench.prompts import SETS, TALON_SETS
-    from speclive.bench.talon import TALON_DEFAULT_METHODS, plot_talon, run_talon, talon_markdown
+    from speclive_bench import report
+    from speclive_bench.prompts import SETS, TALON_SETS
+    from speclive_bench.talon import TALON_DEFAULT_METHODS, plot_talon, run_talon, talon_markdown
 
     _check_sets(args.sets, (*SETS, *TALON_SETS))
     options = talon_options()

@@ -46,14 +46,14 @@ from typing import Any
 
 import numpy as np
 
-from speclive.bench import report
-from speclive.bench.asr_stream import paired_ratio, ratio_text
-from speclive.bench.exactness import ar_logit_gap, first_divergence
-from speclive.bench.pipecat_peer import run_pipecat
-from speclive.bench.turnset import load_turnset, turns
-from speclive.cli.flags import OptionSet, option
 from speclive.live.turnpolicy import TEXT_WEIGHT as FUSED_W
 from speclive.loader import BACKENDS, DEFAULT_MODEL
+from speclive.options import OptionSet, option
+from speclive_bench import report
+from speclive_bench.asr_stream import paired_ratio, ratio_text
+from speclive_bench.exactness import ar_logit_gap, first_divergence
+from speclive_bench.pipecat_peer import run_pipecat
+from speclive_bench.turnset import load_turnset, turns
 
 #: live policies: ``silence:S`` (the VAD timeout alone, S seconds), ``audio``, ``text``, ``fused``
 POLICIES = ("silence:0.5", "silence:0.8", "audio", "text", "fused")

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speclive.bench import report
-from speclive.bench.datasets import mtbench_questions
-from speclive.cli.flags import OptionSet, option
+from speclive.options import OptionSet, option
+from speclive_bench import report
+from speclive_bench.datasets import mtbench_questions
 
 #: words of a voice-chat question (shorter ones are over before speculation can help)
 Q_MIN_WORDS, Q_MAX_WORDS = 8, 22
@@ -224,7 +224,7 @@ def run_scale_bench(
 
             urls = list(opts.vllm_urls)
             if not urls:
-                from speclive.engines.launch import VLLMServer
+                from speclive_bench.launch import VLLMServer
 
                 log(f"starting vllm serve for {opts.model} (torch.compile warm-up takes minutes) ...")
                 server = VLLMServer(opts.model, enforce_eager=opts.enforce_eager, kv_cache_gb=2).start()

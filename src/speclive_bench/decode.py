@@ -1,17 +1,17 @@
 """``speclive bench decode``: every method side by side on the same prompts, in one process.
 
 ``run_decode_bench`` runs every method side by side in one process: for each prompt set and
-prompt, every method (our loop with each drafter, and the peers of ``speclive.bench.peers``,
-see ``speclive.bench.methods``) generates greedily from the same prompt ids, in an order rotated
+prompt, every method (our loop with each drafter, and the peers of ``speclive_bench.peers``,
+see ``speclive_bench.methods``) generates greedily from the same prompt ids, in an order rotated
 per prompt so that drift of the machine affects all methods alike. Per (set, method) it reports
 end-to-end throughput, speedup over ``ar`` (our loop without a drafter) on the same backend, τ,
 acceptance, exactness against ``ar`` (with the reference top-2 logit gap at the first divergent
 token: a small gap is a near-tie flip of the quantized kernels, a large one is a bug; see
-``speclive.bench.exactness``), and how close each drafter gets to what a *free* drafter could
-achieve under the measured cost curve (the bounds of ``speclive.bench.costcurve``).
+``speclive_bench.exactness``), and how close each drafter gets to what a *free* drafter could
+achieve under the measured cost curve (the bounds of ``speclive_bench.costcurve``).
 
 With ``cold`` every local method also runs cold: a fresh process and drafter per prompt
-(``speclive.bench.coldrun``), without and (our drafters) with saved knowledge.
+(``speclive_bench.coldrun``), without and (our drafters) with saved knowledge.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from speclive.backends.base import Backend
-from speclive.bench import report
-from speclive.bench.coldrun import run_cold
-from speclive.bench.costcurve import (
+from speclive.loader import BACKENDS
+from speclive.options import option
+from speclive_bench import report
+from speclive_bench.coldrun import run_cold
+from speclive_bench.costcurve import (
     CURVE_COLUMNS,
     DEFAULT_CURVE_KS,
     CostCurve,
@@ -38,8 +40,8 @@ from speclive.bench.costcurve import (
     measure_cost_curve,
     trace_bound,
 )
-from speclive.bench.exactness import ar_logit_gap, first_divergence
-from speclive.bench.methods import (
+from speclive_bench.exactness import ar_logit_gap, first_divergence
+from speclive_bench.methods import (
     ALL_METHODS,
     BASELINE,
     OUR_METHODS,
@@ -50,10 +52,8 @@ from speclive.bench.methods import (
     method_base,
     peer_record,
 )
-from speclive.bench.peers import VllmPeer, vllm_python
-from speclive.bench.prompts import SETS, WARMUP_PROMPT, load_prompts
-from speclive.cli.flags import option
-from speclive.loader import BACKENDS
+from speclive_bench.peers import VllmPeer, vllm_python
+from speclive_bench.prompts import SETS, WARMUP_PROMPT, load_prompts
 
 BACKENDS_BOTH = ("llamacpp", "hf")
 
@@ -78,7 +78,7 @@ def _backends_flag(value: Sequence[str] | None) -> str | None:
 @dataclass
 class DecodeOptions:
     """Settings of ``bench decode`` and ``bench talon``; each field with a flag is its
-    command-line option (``speclive.cli.flags``)."""
+    command-line option (``speclive.options``)."""
 
     target: str = option("qwen2.5-coder-1.5b-instruct", "--target", help="target model", always=True)
     backends: Sequence[str] = option(
@@ -133,7 +133,7 @@ class DecodeOptions:
     progress: bool = option(True, "--no-progress", result=False)
     plot: bool = report.plot_option()
     #: also run every local method cold: a fresh process and drafter per prompt, without and
-    #: (our drafters) with saved knowledge (``speclive.bench.coldrun``)
+    #: (our drafters) with saved knowledge (``speclive_bench.coldrun``)
     cold: bool = option(
         False,
         "--cold",

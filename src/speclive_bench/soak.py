@@ -30,10 +30,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from speclive.bench import report
-from speclive.bench.fuzz_realtime import scrape
-from speclive.bench.serve import start_server, stop_server
-from speclive.cli.flags import OptionSet, option
+from speclive.options import OptionSet, option
+from speclive_bench import report
+from speclive_bench.fuzz_realtime import scrape
+from speclive_bench.serve import start_server, stop_server
 
 QUESTIONS = (
     "What is the capital of France?",

@@ -3,7 +3,7 @@
 It imports only the standard library and vLLM (vLLM's pins clash with speclive's environment,
 so it lives in ``.venv-vllm``, see ``benchmarks/setup_vllm.sh``). Usage::
 
-    .venv-vllm/bin/python src/speclive/bench/vllm_peer.py --model HF_DIR \
+    .venv-vllm/bin/python src/speclive_bench/vllm_peer.py --model HF_DIR \
         --method none|ngram|suffix|draft [--draft HF_DIR] --prompts-json FILE --max-tokens N
 
 ``FILE`` holds ``[{"id": str, "prompt_ids": [int, ...], "max_tokens": int (optional)}, ...]``.
@@ -15,7 +15,7 @@ methods), timed from submission to completion. The result, ``{"results": [{"id",
 The engine runs as vLLM ships it (torch.compile on, minutes of start-up on a small CPU);
 ``--enforce-eager`` skips the compilation for quick checks (and slower decoding).
 
-Environment that works on a 2-core AVX2 machine (set by ``speclive.bench.peers.VllmPeer``):
+Environment that works on a 2-core AVX2 machine (set by ``speclive_bench.peers.VllmPeer``):
 ``HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1
 LD_PRELOAD=<venv>/lib/libiomp5.so``; float32 (bf16 is 3-5x slower without AVX512-BF16).
 """

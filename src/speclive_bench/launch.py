@@ -60,7 +60,7 @@ class VLLMServer:
         extra: list[str] | None = None,
         log: Path | None = None,
     ):
-        from speclive.bench.peers import vllm_python
+        from speclive_bench.peers import vllm_python
 
         py = python or vllm_python()
         if py is None:

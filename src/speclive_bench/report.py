@@ -1,7 +1,7 @@
 """Benchmark reporting shared by every benchmark: run header, JSON/Markdown writers, plots.
 
 Everything here is presentation and knows no benchmark: the measurements come from the
-benchmark modules (``speclive.bench.decode``, ``talon``, ...). A results file is
+benchmark modules (``speclive_bench.decode``, ``talon``, ...). A results file is
 self-describing: its header says where and from what it ran (machine, load before the run,
 library versions, git commit and whether the tree had uncommitted changes) and the Markdown
 carries the exact command that reproduces it.
@@ -24,7 +24,7 @@ from typing import Any
 
 # a divergence from AR at a reference top-2 logit gap below NEAR_TIE_GAP is a near-tie flip
 from speclive.backends.base import NEAR_TIE_GAP as NEAR_TIE_GAP
-from speclive.cli.flags import option
+from speclive.options import option
 from speclive.sysinfo import cpu_detail, cpu_model
 
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speclive.bench import report
-from speclive.bench.datasets import mtbench_questions
-from speclive.cli.flags import option
 from speclive.loader import BACKENDS, DEFAULT_MODEL
+from speclive.options import option
+from speclive_bench import report
+from speclive_bench.datasets import mtbench_questions
 
 #: sentences with fewer words re-translate in one or two updates: nothing to speculate on
 MIN_WORDS, MAX_WORDS = 8, 40

@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from speclive.bench import report
-from speclive.bench.asr_stream import paired_ratio, ratio_text
-from speclive.bench.datasets import mtbench_questions
-from speclive.bench.exactness import ar_logit_gap, first_divergence
-from speclive.bench.ssbd import _quality, bench_sentences
-from speclive.cli.flags import option
 from speclive.loader import BACKENDS, DEFAULT_MODEL
+from speclive.options import option
+from speclive_bench import report
+from speclive_bench.asr_stream import paired_ratio, ratio_text
+from speclive_bench.datasets import mtbench_questions
+from speclive_bench.exactness import ar_logit_gap, first_divergence
+from speclive_bench.ssbd import _quality, bench_sentences
 
 CHAT_METHODS = ("predgen", "cascade", "prefill", "preemptive")
 TRANSLATE_METHODS = ("ssbd", "ar", "cascade")

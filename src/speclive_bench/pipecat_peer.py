@@ -44,9 +44,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from speclive.engines.launch import free_port
 from speclive.errors import ConfigError, EngineUnavailableError
 from speclive.models.install import speclive_home
+from speclive_bench.launch import free_port
 
 PIPECAT_VERSION = "1.14.0"
 #: the extras of the pipecat-ai 1.14.0 wheel (its METADATA ``Provides-Extra``) the runner needs:
@@ -95,7 +95,7 @@ def venv_python(venv: Path) -> Path:
 
 def runner_script() -> Path:
     """``benchmarks/pipecat_peer/runner.py`` of this checkout (the benchmark runs from one)."""
-    script = Path(__file__).resolve().parents[3] / "benchmarks" / "pipecat_peer" / "runner.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "pipecat_peer" / "runner.py"
     if not script.is_file():
         raise EngineUnavailableError(
             f"no Pipecat runner at {script}: the turn benchmark runs from a speclive checkout"

@@ -1,7 +1,7 @@
 """``speclive bench talon``: Talon's Table 1 on this machine (speedup and τ per set and method).
 
-Runs the decode benchmark of ``speclive.bench.decode`` (every method side by side, interleaved
-per prompt, exactness against AR with the near-tie rule) on three sets (``speclive.bench.prompts``):
+Runs the decode benchmark of ``speclive_bench.decode`` (every method side by side, interleaved
+per prompt, exactness against AR with the near-tie rule) on three sets (``speclive_bench.prompts``):
 
 - ``mtbench`` — MT-Bench turn-1 questions;
 - ``humaneval`` — HumanEval completions;
@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from speclive.bench import report
-from speclive.bench.decode import SUMMARY_COLUMNS, run_decode_bench
-from speclive.bench.methods import method_base
-from speclive.bench.prompts import CHAT_JOIN, load_prompts, question_key
+from speclive_bench import report
+from speclive_bench.decode import SUMMARY_COLUMNS, run_decode_bench
+from speclive_bench.methods import method_base
+from speclive_bench.prompts import CHAT_JOIN, load_prompts, question_key
 
 TALON_DEFAULT_METHODS: tuple[str, ...] = (
     "ar",

@@ -1,8 +1,8 @@
 """The methods of the decode benchmarks: their names, and a runner for each on one backend.
 
 A method is our loop (``SpeculativeDecoder``) with one drafter (``OurRunner``; ``ar`` is the
-loop without a drafter) or a peer of ``speclive.bench.peers`` (``PeerRunner``); vLLM peers run
-in their own process (``speclive.bench.peers.VllmPeer``). ``NAME#TAG`` runs ``NAME`` again with
+loop without a drafter) or a peer of ``speclive_bench.peers`` (``PeerRunner``); vLLM peers run
+in their own process (``speclive_bench.peers.VllmPeer``). ``NAME#TAG`` runs ``NAME`` again with
 its own drafter and learned state (``method_base``): an A/A control of timing noise. Every
 runner returns the same record: output token ids, wall time, target forwards, and for our loop
 the draft/accept trace.
@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from speclive.backends.base import Backend
-from speclive.bench.peers import (
+from speclive.drafting.asyncdraft import AsyncHybridDrafter
+from speclive_bench.peers import (
     LLAMACPP_PLD,
     VLLM_METHODS,
     HFGeneratePeer,
@@ -26,7 +27,6 @@ from speclive.bench.peers import (
     Peer,
     PeerOutput,
 )
-from speclive.drafting.asyncdraft import AsyncHybridDrafter
 
 OUR_METHODS: tuple[str, ...] = ("ar", "ngram", "model", "crossvocab")
 LLAMACPP_PEERS: tuple[str, ...] = ("llama-cpp-python", *LLAMACPP_PLD)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speclive.bench import report
-from speclive.cli.flags import OptionSet, option, parse_margin
+from speclive.options import OptionSet, option, parse_margin
+from speclive_bench import report
 
 
 def _margin(flag: str, help: str) -> Any:
@@ -21,7 +21,7 @@ def _margin(flag: str, help: str) -> Any:
 
 @dataclass
 class AsrBenchOptions:
-    """Settings of ``bench asr``; each field is its command-line option (``speclive.cli.flags``)."""
+    """Settings of ``bench asr``; each field is its command-line option (``speclive.options``)."""
 
     model: str = option("whisper-base", "--model", help="Whisper target", always=True)
     draft: str = option(
@@ -69,7 +69,7 @@ class AsrBenchOptions:
         [],
         "--stream-methods",
         parse=str,
-        help="--stream: the methods to run (default: all of speclive.bench.asr_stream.METHODS; "
+        help="--stream: the methods to run (default: all of speclive_bench.asr_stream.METHODS; "
         "ar and the plain run a method is checked against are added)",
     )
     asr_margin: float | None = _margin(
@@ -89,7 +89,7 @@ def add_asr_bench_parser(sub: Any) -> None:
 
 
 def cmd_asr_bench(args: argparse.Namespace) -> int:
-    from speclive.bench.asr import (
+    from speclive_bench.asr import (
         clips_from,
         librivox_clips,
         markdown,
@@ -98,7 +98,7 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
         run_asr_bench,
         save_clips,
     )
-    from speclive.bench.report import machine_info, write_result_files
+    from speclive_bench.report import machine_info, write_result_files
 
     o = OPTIONS.build(args)
     if o.save_clips is not None:
@@ -155,9 +155,9 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
 
 
 def _stream_bench(o: AsrBenchOptions) -> int:
-    from speclive.bench import asr_stream
-    from speclive.bench.asr import clips_from, librivox_clips, piper_clips
-    from speclive.bench.report import machine_info, provenance, write_result_files
+    from speclive_bench import asr_stream
+    from speclive_bench.asr import clips_from, librivox_clips, piper_clips
+    from speclive_bench.report import machine_info, provenance, write_result_files
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     if o.clips is not None:

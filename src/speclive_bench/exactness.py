@@ -4,7 +4,7 @@ A lossless method must reproduce greedy AR token for token. On a quantized backe
 of a k-token verification pass differ slightly from those of a one-token step, so an output may
 flip where AR's top-2 logit gap is tiny (below ``report.NEAR_TIE_GAP``: a near-tie); a flip at a
 clear gap is a bug (a wrong mask, position or cache reuse). ``ar_logit_gap`` reads that gap by
-re-running the reference AR of ``speclive.decoder.greedy_steps`` along the reference output.
+re-running the reference AR of ``speclive_bench.reference.greedy_steps`` along the reference output.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from speclive.backends.base import Backend, common_prefix_len
-from speclive.decoder import greedy_steps
+from speclive_bench.reference import greedy_steps
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

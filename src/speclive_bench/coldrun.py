@@ -10,7 +10,7 @@ priors. Timing is that of the generation only (model loading is reported apart, 
 ``load_s``).
 
 The parent (``run_cold``) talks to the child through JSON files: the job on stdin, the record
-(the format of ``OurRunner.run`` / ``peer_record`` of ``speclive.bench.methods``) in the file
+(the format of ``OurRunner.run`` / ``peer_record`` of ``speclive_bench.methods``) in the file
 named by the only argument.
 """
 
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from speclive.bench.methods import local_runner
+from speclive_bench.methods import local_runner
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def run_cold(job: dict[str, Any], timeout_s: float = 900.0) -> dict[str, Any]:
         out = Path(tmp) / "record.json"
         t0 = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "speclive.bench.coldrun", str(out)],
+            [sys.executable, "-m", "speclive_bench.coldrun", str(out)],
             input=json.dumps(job),
             capture_output=True,
             text=True,
@@ -95,7 +95,7 @@ def run_cold(job: dict[str, Any], timeout_s: float = 900.0) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m speclive.bench.coldrun OUT.json < job.json", file=sys.stderr)
+        print("usage: python -m speclive_bench.coldrun OUT.json < job.json", file=sys.stderr)
         return 2
     rec = run_job(json.loads(sys.stdin.read()))
     Path(args[0]).write_text(json.dumps(rec))

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speclive.bench.costcurve import curve_tokens
-from speclive.bench.datasets import chat_messages
-from speclive.bench.prompts import load_prompts
-from speclive.bench.report import _pyplot, markdown_preamble, md_table, out_option, plot_option
-from speclive.cli.flags import option
 from speclive.loader import DEFAULT_MODEL
+from speclive.options import option
+from speclive_bench.costcurve import curve_tokens
+from speclive_bench.datasets import chat_messages
+from speclive_bench.prompts import load_prompts
+from speclive_bench.report import _pyplot, markdown_preamble, md_table, out_option, plot_option
 
 METHODS = ("eager AR", "graphs AR", "eager ngram", "graphs ngram")
 
@@ -100,8 +100,9 @@ def run_graphs_bench(
     repeats: int = 7,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    from speclive.decoder import GenerationConfig, SpeculativeDecoder, greedy_reference
+    from speclive.decoder import GenerationConfig, SpeculativeDecoder
     from speclive.drafting.ngram import NgramDrafter
+    from speclive_bench.reference import greedy_reference
 
     eager, static = backends_pair(model, device)
     pair = {"eager": eager, "graphs": static}

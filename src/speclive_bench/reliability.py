@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speclive.bench import report
-from speclive.bench.fuzz import fuzz_rest
-from speclive.bench.fuzz_realtime import fuzz_realtime
-from speclive.cli.flags import OptionSet, option
+from speclive.options import OptionSet, option
+from speclive_bench import report
+from speclive_bench.fuzz import fuzz_rest
+from speclive_bench.fuzz_realtime import fuzz_realtime
 
 
 class ErrorLog(logging.Handler):

@@ -41,9 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from speclive.bench.asr import Clip
-from speclive.bench.datasets import mtbench_questions
-from speclive.bench.report import _pyplot, markdown_preamble, md_table, word_error_rate
+from speclive_bench.asr import Clip
+from speclive_bench.datasets import mtbench_questions
+from speclive_bench.report import _pyplot, markdown_preamble, md_table, word_error_rate
 
 METHODS = (
     "ar",

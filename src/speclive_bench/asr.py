@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from speclive.bench.costcurve import CURVE_COLUMNS
-from speclive.bench.datasets import mtbench_questions
-from speclive.bench.report import _pyplot, markdown_preamble, md_table, word_error_rate
+from speclive_bench.costcurve import CURVE_COLUMNS
+from speclive_bench.datasets import mtbench_questions
+from speclive_bench.report import _pyplot, markdown_preamble, md_table, word_error_rate
 
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 

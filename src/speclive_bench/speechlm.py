@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from speclive.bench import report
-from speclive.cli.flags import OptionSet, option
+from speclive.options import OptionSet, option
+from speclive_bench import report
 
 
 @dataclass
