@@ -25,7 +25,8 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from speclive.backends.llamacpp import LlamaCppBackend, LlamaCppState  # noqa: E402
+from speclive.backends.llamacpp import LLAMACPP_COST_PRIOR, LlamaCppBackend, LlamaCppState  # noqa: E402
+from speclive.drafting.priors import cost_curve  # noqa: E402
 from speclive.errors import ContextOverflowError  # noqa: E402
 from speclive.tokenizer import Tokenizer  # noqa: E402
 from speclive_bench.reference import llama_reference_greedy  # noqa: E402
@@ -85,7 +86,9 @@ def tok(gguf_and_tok: tuple[Path, Tokenizer]) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def backend(gguf: Path, tok: Tokenizer) -> Iterator[LlamaCppBackend]:
-    be = LlamaCppBackend(gguf, tok, n_ctx=N_CTX, n_threads=THREADS, max_tree_branches=16)
+    be = LlamaCppBackend(
+        gguf, tok, n_ctx=N_CTX, n_threads=THREADS, max_tree_branches=16, cost_prior=cost_curve()
+    )
     yield be
     be.close()
 
@@ -150,6 +153,20 @@ def test_basic_properties(backend: LlamaCppBackend, tok: Tokenizer) -> None:
     assert isinstance(s, LlamaCppState) and s.tokens == [] and backend.cache_len(s) == 0
     assert backend.extend(s, []).shape == (0, backend.vocab_size)
     backend.release(s)
+
+
+def test_cost_prior_is_the_callers(gguf: Path, tok: Tokenizer) -> None:
+    """The cost model starts from the curve the caller passes, else from ``LLAMACPP_COST_PRIOR``."""
+    small = {"n_ctx": 256, "n_threads": THREADS, "max_states": 1, "max_tree_branches": 1}
+    with LlamaCppBackend(gguf, tok, **small) as be:
+        assert be.default_cost_prior() == LLAMACPP_COST_PRIOR
+    with LlamaCppBackend(gguf, tok, cost_prior={1: 1.0, 4: 3.0}, **small) as be:
+        assert be.default_cost_prior() == {1: 1.0, 4: 3.0}
+        assert be.cost.ratio(4) == pytest.approx(3.0)
+
+
+def test_load_backend_passes_the_calibrated_cost_curve(llama_smol: LlamaCppBackend) -> None:
+    assert cost_curve() and llama_smol.default_cost_prior() == cost_curve()
 
 
 def test_chain_matches_fresh(

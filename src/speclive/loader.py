@@ -11,8 +11,18 @@ import functools
 from pathlib import Path
 
 from speclive.backends.base import Backend
-from speclive.drafting.base import Drafter
-from speclive.errors import BackendUnavailableError, ConfigError
+from speclive.backends.hf_load import load_hf
+from speclive.backends.llamacpp import LlamaCppBackend
+from speclive.drafting.asyncdraft import AsyncHybridDrafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
+from speclive.drafting.crossvocab import CrossVocabDrafter
+from speclive.drafting.hybrid import HybridConfig, HybridDrafter
+from speclive.drafting.model import ModelDrafter
+from speclive.drafting.ngram import NgramDrafter
+from speclive.drafting.priors import cost_curve
+from speclive.drafting.suffix import SuffixConfig, SuffixDrafter, load_datastore
+from speclive.errors import ConfigError
+from speclive.models.convert import hf_dir_for_gguf, tokenizer_dir_for_gguf
 from speclive.models.resolve import ModelRef, resolve
 from speclive.tokenizer import Tokenizer
 
@@ -35,8 +45,6 @@ def _choice(kind: str, value: str, allowed: tuple[str, ...]) -> str:
 
 
 def tokenizer_for(ref: ModelRef) -> Tokenizer:
-    from speclive.models.convert import tokenizer_dir_for_gguf
-
     if ref.gguf is not None:
         name = ref.name if ref.source == "registry" else None
         return Tokenizer.from_pretrained(tokenizer_dir_for_gguf(ref.gguf, name))
@@ -84,31 +92,27 @@ def _load_backend(
             raise ConfigError(
                 f"the llamacpp backend needs a GGUF file; {model!r} has none (use --backend hf)"
             )
-        try:
-            from speclive.backends.llamacpp import LlamaCppBackend
-        except ImportError as e:  # pragma: no cover - depends on the install
-            raise BackendUnavailableError(
-                f"llama-cpp-python is not installed ({e}); `pip install llama-cpp-python==0.3.36` "
-                "or use --backend hf"
-            ) from e
         ctx = n_ctx or 4096
         states = (
             {}
             if max_states is None
             else {"max_states": max_states, "n_cells": ctx + (max_states - 1) * ctx // 4}
         )
+        # the cost model starts from the curve calibrated on the committed benchmarks (docs/coldstart.md)
         return LlamaCppBackend(
-            ref.gguf, tokenizer_for(ref), name=ref.name, n_ctx=ctx, n_threads=threads, **states
+            ref.gguf,
+            tokenizer_for(ref),
+            name=ref.name,
+            n_ctx=ctx,
+            n_threads=threads,
+            cost_prior=cost_curve(),
+            **states,
         )
-    from speclive.backends.hf import HFBackend
-
     if ref.gguf is not None:
-        from speclive.models.convert import hf_dir_for_gguf
-
         path: str | Path = hf_dir_for_gguf(ref.gguf, ref.name if ref.source == "registry" else None)
     else:
         path = ref.path or ref.hub_id  # type: ignore[assignment]
-    return HFBackend.load(str(path), name=ref.name, dtype=dtype, device=device, n_ctx=n_ctx, threads=threads)
+    return load_hf(str(path), name=ref.name, dtype=dtype, device=device, n_ctx=n_ctx, threads=threads)
 
 
 def _draft_device(target: Backend, backend: str) -> str:
@@ -140,14 +144,9 @@ def make_drafter(
             name, target, draft_model, backend, max_len, threshold, datastore, datastore_max_mb
         )
     if name == "ngram":
-        from speclive.drafting.base import AdaptiveConfig, AdaptiveLength
-        from speclive.drafting.ngram import NgramDrafter
-
         return NgramDrafter(adaptive=AdaptiveLength(AdaptiveConfig(max_len=max_len or 16)))
     backend = backend or target.kind
     if name == "model":
-        from speclive.drafting.model import ModelDrafter
-
         draft_name = draft_model or DEFAULT_DRAFT.get(target.name)
         if draft_name is None:
             raise ConfigError(
@@ -156,8 +155,6 @@ def make_drafter(
             )
         draft = load_backend(draft_name, backend, n_ctx=target.n_ctx, device=_draft_device(target, backend))
         return ModelDrafter(draft, max_len=max_len or 24, threshold=threshold)
-    from speclive.drafting.crossvocab import CrossVocabDrafter
-
     draft = load_backend(
         draft_model or DEFAULT_CROSS_DRAFT,
         backend,
@@ -178,14 +175,10 @@ def _talon_drafter(
     datastore_max_mb: float | None,
 ) -> Drafter:
     """The Talon drafters: suffix retrieval, hybrid (model + retrieval), asynchronous hybrid."""
-    from speclive.drafting.suffix import SuffixConfig, SuffixDrafter, load_datastore
-
     store = load_datastore(datastore, target, datastore_max_mb)
     scfg = SuffixConfig(depth=max_len or 16, chain_depth=max_len or 16)
     if name == "suffix":
         return SuffixDrafter(store, scfg)
-    from speclive.drafting.hybrid import HybridConfig
-
     draft_name = draft_model or DEFAULT_DRAFT.get(target.name)
     if draft_name is None:
         raise ConfigError(
@@ -195,12 +188,8 @@ def _talon_drafter(
     hcfg = HybridConfig(threshold=threshold)
     backend = backend or target.kind
     if name == "hybrid":
-        from speclive.drafting.hybrid import HybridDrafter
-
         draft = load_backend(draft_name, backend, n_ctx=target.n_ctx, device=_draft_device(target, backend))
         return HybridDrafter(draft, store, hcfg, scfg)
-    from speclive.drafting.asyncdraft import AsyncHybridDrafter
-
     # a draft backend of its own: its thread count is changed while the drafter runs
     draft = load_backend(
         draft_name, backend, n_ctx=target.n_ctx, threads=1, device=_draft_device(target, backend)

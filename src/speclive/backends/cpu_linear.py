@@ -1,12 +1,12 @@
 """Faster fp32 ``nn.Linear`` on CPU for the few-row shapes speculative decoding lives on.
 
-A decode step multiplies 1 row by each weight matrix and a verification pass 2–32 rows. With
-the torch 2.13 CPU BLAS on this machine the stock ``F.linear(x, W)`` is poor exactly there
-(1 thread, 8960×1536 weight): M=1 2.97 ms, M=3 10.0 ms, M=16 12.1 ms, while the same product
-written as ``x @ Wᵀ`` with ``Wᵀ`` stored contiguous takes 1.94 ms at M=1, and ``W @ xᵀ`` with
-the rows padded to 16 takes about the M=16 time for every M from 3 to 16 (and parallelises over
-both cores, which the M=1 path cannot use: it is memory-bound). ``benchmarks/README.md`` has the
-measured whole-model effect; reproduce the matrix figures with ``speclive bench linear``.
+A decode step multiplies 1 row by each weight matrix and a verification pass 2–32 rows. A CPU
+BLAS's stock ``F.linear(x, W)`` can be poor exactly there: the same product written as
+``x @ Wᵀ`` with ``Wᵀ`` stored contiguous can be faster for one row, and ``W @ xᵀ`` with the rows
+padded to a block costs about the same for every row count up to the block (and parallelises
+over the cores, which the one-row path cannot use: it is memory-bound). Which kernel wins
+depends on the machine, so it is measured there (below). ``benchmarks/README.md`` has the
+whole-model effect; ``speclive bench costcurve --compare-stock-linear`` measures it on a machine.
 
 ``DualLinear`` keeps both layouts (the native ``W`` is shared with the original module,
 so the extra memory is one transposed copy of each weight) and picks, per row count, the kernel
@@ -30,6 +30,9 @@ import os
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from speclive.models.install import speclive_home
+from speclive.sysinfo import cpu_detail, cpu_model
 
 #: rows are padded up to a multiple of this before the ``W @ xᵀ`` kernel
 PAD_BLOCK = 16
@@ -73,8 +76,6 @@ def calibrate(weight: Any, repeats: int = 5) -> dict[int, bool]:
 def _plan_key(weight: Any) -> str:
     import torch
 
-    from speclive.sysinfo import cpu_detail, cpu_model
-
     cpu = f"{cpu_model()} ({cpu_detail()})"
     shape = "x".join(str(d) for d in weight.shape)
     return f"{cpu}|cores={os.cpu_count()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{shape}"
@@ -84,8 +85,6 @@ def cached_plan(weight: Any) -> tuple[dict[int, bool], bool]:
     """The calibration plan for ``weight`` on this machine, from ``$SPECLIVE_HOME/linear-plans.json``
     when it was measured before (returns ``(plan, from_cache)``)."""
     import json
-
-    from speclive.models.install import speclive_home
 
     path = speclive_home() / "linear-plans.json"
     key = _plan_key(weight)

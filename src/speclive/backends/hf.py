@@ -6,26 +6,29 @@ the ``DynamicCache`` tensors to the accepted path with one ``index_select`` per 
 
 On CPU in float32 every ``nn.Linear`` is swapped for a dual-layout one (``cpu_linear``): the
 stock kernels are slow at the 1–32 row shapes of decoding and verification.
+
+``hf_load.load_hf`` loads a model and picks this backend or ``hf_static``'s.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from speclive.backends.base import Backend, BackendState
+from speclive.backends.cpu_linear import install
 from speclive.errors import ConfigError
 from speclive.tokenizer import Tokenizer
 
-# t(k)/t(1) seen for Qwen 1.5B fp32 on the 2-core CPU (docs/engine.md); replaced online by measurements
+# the cost model's prior t(k)/t(1) for an fp32 model on a CPU (docs/engine.md); replaced online
+# by measurements
 _HF_FP32_PRIOR = {1: 1.0, 2: 2.17, 4: 2.85, 8: 2.56, 16: 2.95, 32: 4.32}
 # on a GPU a small model's step is launch-bound: verifying a few dozen tokens costs about one
-# step (Qwen 0.5B fp32 on an H100: benchmarks/results/costcurve-qwen2.5-coder-0.5b-instruct-hf-cuda.md);
-# measurements replace it
+# step (benchmarks/results/costcurve-qwen2.5-coder-0.5b-instruct-hf-cuda.md); measurements
+# replace it
 _HF_GPU_PRIOR = {1: 1.0, 16: 1.04, 32: 1.05, 64: 1.17}
 
 
@@ -71,8 +74,6 @@ class HFBackend(Backend):
         #: what ``cpu_linear.install`` did (fp32 CPU models get dual-layout linears)
         self.linear_info: dict[str, Any] = {"installed": False, "why": "disabled"}
         if fast_linear:
-            from speclive.backends.cpu_linear import install
-
             self.linear_info = install(self.model)
         self.tokenizer = tokenizer
         self.name = name
@@ -85,46 +86,6 @@ class HFBackend(Backend):
 
     def default_cost_prior(self) -> dict[int, float]:
         return _HF_FP32_PRIOR if self.device.type == "cpu" else _HF_GPU_PRIOR
-
-    @classmethod
-    def load(
-        cls,
-        path: str,
-        tokenizer: Tokenizer | None = None,
-        name: str | None = None,
-        dtype: str = "float32",
-        device: str = "cpu",
-        n_ctx: int | None = None,
-        threads: int | None = None,
-        static: bool | None = None,
-    ) -> HFBackend:
-        """Load an HF folder or hub id (safetensors); GGUF files go through ``models.convert``.
-
-        ``device``: any torch device ("cpu", "cuda", "cuda:1", "mps"); checked before loading.
-        ``static``: run on a static KV cache with CUDA-graph passes (``hf_static``); None: on a
-        CUDA device for the model families it supports, unless ``SPECLIVE_CUDA_GRAPHS=0``.
-        """
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        torch_dtype = getattr(torch, dtype)
-        check_device(device)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
-        tok = tokenizer or Tokenizer.from_pretrained(path)
-        name = name or os.path.basename(str(path).rstrip("/"))
-        if static is None:
-            from speclive.backends.hf_static import unsupported_reason
-
-            static = (
-                torch.device(device).type == "cuda"
-                and os.environ.get("SPECLIVE_CUDA_GRAPHS", "1") != "0"
-                and unsupported_reason(model) is None
-            )
-        if static:
-            from speclive.backends.hf_static import StaticHFBackend
-
-            return StaticHFBackend(model, tok, name=name, n_ctx=n_ctx, threads=threads)
-        return cls(model, tok, name=name, n_ctx=n_ctx, threads=threads)
 
     # ---- protocol -------------------------------------------------------------------
     def new_state(self) -> HFState:

@@ -1,8 +1,8 @@
 """transformers models on a static KV cache, every decode and verification pass a CUDA graph.
 
 On a GPU an eager transformers step of a small model is bound by kernel launches and Python,
-not by the GPU: Qwen 0.5B takes about 30 ms per step on an H100 whose memory reads its weights
-in under 1 ms. ``StaticHFBackend`` removes that overhead the way gpt-fast and vLLM do:
+not by the GPU: the step takes many times longer than reading the model's weights from the
+GPU's memory. ``StaticHFBackend`` removes that overhead the way gpt-fast and vLLM do:
 
 - Each state owns a preallocated KV cache ``[layers, 1, kv_heads, capacity, head_dim]``
   (``capacity`` = ``n_ctx`` plus one bucket of scratch rows). A pass writes its rows in place
@@ -22,7 +22,8 @@ in under 1 ms. ``StaticHFBackend`` removes that overhead the way gpt-fast and vL
   ``new_state``. A state dropped without ``release`` returns its cache when collected.
 
 Supported: decoder-only Llama-family models (``llama``, ``qwen2``, ``mistral``); others use the
-eager ``HFBackend``. Without CUDA (CPU tests) the same static forward runs without graphs.
+eager ``HFBackend`` (``hf_load.load_hf`` chooses). Without CUDA (CPU tests) the same static forward
+runs without graphs.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ import os
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,8 +53,8 @@ from speclive.backends.base import Backend, BackendState
 from speclive.errors import BackendUnavailableError, ContextOverflowError
 from speclive.tokenizer import Tokenizer
 
-#: t(k)/t(1) of one llama.cpp decode over k tokens, measured for Qwen 1.5B Q4_K_M on the 2-core CPU
-#: (the prior of the online cost model, docs/engine.md)
+#: t(k)/t(1) of one llama.cpp decode over k tokens: the cost model's prior when the caller passes
+#: no calibrated curve (``cost_prior``; docs/engine.md); measurements replace it online
 LLAMACPP_COST_PRIOR: dict[int, float] = {1: 1.0, 2: 1.58, 4: 2.25, 8: 5.59, 16: 7.01, 32: 12.66}
 
 _LOG_TAIL: deque[str] = deque(maxlen=40)
@@ -128,6 +128,7 @@ class LlamaCppBackend(Backend):
         repack: bool = True,
         restore_evicted: bool = False,
         n_cells: int | None = None,
+        cost_prior: Mapping[int, float] | None = None,
     ) -> None:
         #: an evicted state is restored on its next use (its tokens prefilled again into a home
         #: taken from the least recently used state) instead of raising; for many sessions on
@@ -136,6 +137,9 @@ class LlamaCppBackend(Backend):
         self.restores = 0
         #: states evicted because the KV cells ran out (only with ``restore_evicted``)
         self.cell_evictions = 0
+        #: the cost model's cold-start curve t(k)/t(1) (``default_cost_prior``); the caller's
+        #: calibrated one, else ``LLAMACPP_COST_PRIOR``
+        self._cost_prior = dict(cost_prior or LLAMACPP_COST_PRIOR)
         lib = llama_cpp_lib()
         self._lib = lib
         self._model: Any = None
@@ -144,17 +148,7 @@ class LlamaCppBackend(Backend):
         path = Path(gguf_path)
         if not path.is_file():
             raise FileNotFoundError(f"GGUF model file not found: {path}")
-        if max_tree_branches is None:
-            # 16 branches per tree, fewer when many states must share llama.cpp's sequence ids
-            max_tree_branches = max(1, min(16, lib.llama_max_parallel_sequences() // max(1, max_states) - 1))
-        if max_tree_branches < 1 or max_states < 1:
-            raise ValueError("max_tree_branches and max_states must be >= 1")
-        n_seq = max_states * (1 + max_tree_branches)
-        if n_seq > lib.llama_max_parallel_sequences():
-            raise ValueError(
-                f"max_states * (1 + max_tree_branches) = {n_seq} sequences exceed llama.cpp's limit "
-                f"of {lib.llama_max_parallel_sequences()}"
-            )
+        max_tree_branches, n_seq = self._sequences(max_tree_branches, max_states)
         self.gguf_path = path
         self.tokenizer = tokenizer
         self.name = name or path.stem
@@ -164,7 +158,34 @@ class LlamaCppBackend(Backend):
         self.max_tree_branches = int(max_tree_branches)
         self.max_states = int(max_states)
         self.n_seq_max = n_seq
+        self._load_model(path, repack)
+        self._create_context(path, n_cells)
+        self._create_batch()
+        self._free_homes: list[int] = list(range(max_states))
+        self._owners: dict[int, weakref.ref[LlamaCppState]] = {}
+        self._dead_homes: list[int] = []  # homes of garbage-collected states, freed lazily
+        self._tick = 0
+        super().__init__()
 
+    def _sequences(self, max_tree_branches: int | None, max_states: int) -> tuple[int, int]:
+        """Branch sequences per state (default: 16, fewer when many states must share
+        llama.cpp's sequence ids) and the sequence ids all states need in all."""
+        limit = self._lib.llama_max_parallel_sequences()
+        if max_tree_branches is None:
+            max_tree_branches = max(1, min(16, limit // max(1, max_states) - 1))
+        if max_tree_branches < 1 or max_states < 1:
+            raise ValueError("max_tree_branches and max_states must be >= 1")
+        n_seq = max_states * (1 + max_tree_branches)
+        if n_seq > limit:
+            raise ValueError(
+                f"max_states * (1 + max_tree_branches) = {n_seq} sequences exceed llama.cpp's limit "
+                f"of {limit}"
+            )
+        return max_tree_branches, n_seq
+
+    def _load_model(self, path: Path, repack: bool) -> None:
+        """Load the GGUF weights and read the model's vocabulary size."""
+        lib = self._lib
         mparams = lib.llama_model_default_params()
         # repacked (interleaved) weight layouts: llama.cpp's fast CPU kernels for quantized matmuls
         mparams.use_extra_bufts = bool(repack)
@@ -175,14 +196,18 @@ class LlamaCppBackend(Backend):
         vocab = lib.llama_model_get_vocab(model)
         self.vocab_size = int(lib.llama_vocab_n_tokens(vocab))
         #: tokenizer.vocab_size - model n_vocab (0 when they agree); logits are n_vocab wide
-        self.vocab_mismatch = int(tokenizer.vocab_size) - self.vocab_size
+        self.vocab_mismatch = int(self.tokenizer.vocab_size) - self.vocab_size
         if self.vocab_mismatch > 0:
             warnings.warn(
-                f"tokenizer has {tokenizer.vocab_size} tokens but {path.name} has {self.vocab_size}: "
+                f"tokenizer has {self.tokenizer.vocab_size} tokens but {path.name} has {self.vocab_size}: "
                 "ids beyond the model's vocabulary are rejected",
-                stacklevel=2,
+                stacklevel=3,  # the caller of __init__
             )
 
+    def _create_context(self, path: Path, n_cells: int | None) -> None:
+        """The llama.cpp context: the KV cells all states share (at least ``n_ctx``), one
+        unified KV buffer, logits for every batch token."""
+        lib, n_seq = self._lib, self.n_seq_max
         cparams = lib.llama_context_default_params()
         # the KV cells all states share (at least n_ctx; one prompt stays limited to n_ctx)
         cparams.n_ctx = max(self.n_ctx, int(n_cells or 0))
@@ -198,7 +223,7 @@ class LlamaCppBackend(Backend):
             # tokens than sequences the default (n_batch) trips an assertion
             cparams.n_outputs_max = max(self.n_batch, n_seq)
             cparams.n_outputs_max_per_seq = 0  # logits for every token, also within one sequence
-        ctx = lib.llama_init_from_model(model, cparams)
+        ctx = lib.llama_init_from_model(self._model, cparams)
         if not ctx:
             raise RuntimeError(f"llama.cpp could not create a context for {path}{_log_tail()}")
         self._ctx = ctx
@@ -208,6 +233,9 @@ class LlamaCppBackend(Backend):
             raise RuntimeError(f"llama.cpp gave a context of {self.n_cells} < {self.n_ctx} cells")
         self._mem = lib.llama_get_memory(ctx)
 
+    def _create_batch(self) -> None:
+        """The one preallocated ``llama_batch`` every decode fills, with numpy views of its arrays."""
+        lib, n_seq = self._lib, self.n_seq_max
         self._batch = lib.llama_batch_init(self.n_batch, 0, n_seq)
         b = self._batch
         self._b_token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
@@ -218,12 +246,6 @@ class LlamaCppBackend(Backend):
         self._b_seq = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq,)) for i in range(self.n_batch)]
         self._decode = lib.llama_decode
         self._get_logits = lib.llama_get_logits
-
-        self._free_homes: list[int] = list(range(max_states))
-        self._owners: dict[int, weakref.ref[LlamaCppState]] = {}
-        self._dead_homes: list[int] = []  # homes of garbage-collected states, freed lazily
-        self._tick = 0
-        super().__init__()
 
     # ---- lifetime -------------------------------------------------------------------
     def close(self) -> None:
@@ -270,10 +292,7 @@ class LlamaCppBackend(Backend):
         self._lib.llama_memory_clear(self._mem, True)
 
     def default_cost_prior(self) -> dict[int, float] | None:
-        from speclive.drafting.priors import cost_curve
-
-        # calibrated from the committed decode benchmarks (docs/coldstart.md)
-        return cost_curve() or dict(LLAMACPP_COST_PRIOR)
+        return dict(self._cost_prior)
 
     # ---- states ---------------------------------------------------------------------
     def new_state(self) -> LlamaCppState:
