@@ -80,7 +80,7 @@ def test_bad_values_and_declarations_fail_clearly() -> None:
     class Wrong:
         on: bool = option(True, "--on")
 
-    with pytest.raises(TypeError, match="--no- switch"):
+    with pytest.raises(TypeError, match="switch needs default True"):
         OptionSet(Wrong).add_to(argparse.ArgumentParser())
 
 

@@ -562,5 +562,6 @@ def test_serve_cli_parses(capsys):
 
     from speclive.cli import main
 
-    assert main(["serve", "--drafter", "hybrid-async"]) == 2  # refused before anything loads
-    assert "hybrid-async" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # refused before anything loads
+        main(["serve", "--drafter", "hybrid-async"])
+    assert refused.value.code == 2 and "hybrid-async" in capsys.readouterr().err

@@ -10,10 +10,13 @@ help=...)``. ``OptionSet(cls)`` derives everything else from those declarations:
   written into the result's header.
 
 Conventions: a bool field is a switch; its flag turns it on, or off when the flag starts with
-``--no-``. A field with a list or tuple default (or ``many=True``) takes comma-separated
-values. ``always`` options are written into the reproducing command even at their default (the
-ones that define a result: model, prompts, lengths, methods); the others only when they differ
-from it; options that cannot change a result (output folder, plots, progress) never are.
+``--no-`` (or is declared ``off=True``). A field with a list or tuple default (or ``many=True``)
+takes comma-separated values; ``repeat=True`` also lets the flag be given several times.
+``always`` options are written into the reproducing command even at their default (the ones that
+define a result: model, prompts, lengths, methods); the others only when they differ from it;
+options that cannot change a result (output folder, plots, progress) never are.
+
+The options many commands share are declared once in ``speclive.common_options``.
 """
 
 from __future__ import annotations
@@ -62,6 +65,15 @@ class Flag:
     #: another shape; ``to_flag`` also gets None when that is the field's value or default)
     to_field: Callable[[Any], Any] | None = None
     to_flag: Callable[[Any], Any] | None = None
+    #: a switch whose flag turns the field off (implied by a ``--no-`` flag)
+    off: bool = False
+    #: a list option whose flag may be given several times (the values add up)
+    repeat: bool = False
+    metavar: str | None = None
+
+    @property
+    def turns_off(self) -> bool:
+        return self.off or self.flag.startswith("--no-")
 
 
 def add_stream_draft_flag(parser: argparse.ArgumentParser) -> None:
@@ -94,11 +106,14 @@ def option(
     result: bool = True,
     to_field: Callable[[Any], Any] | None = None,
     to_flag: Callable[[Any], Any] | None = None,
+    off: bool = False,
+    repeat: bool = False,
+    metavar: str | None = None,
 ) -> Any:
     """A dataclass field with its command-line flag (see the module doc)."""
     if many is None:
-        many = isinstance(default, list | tuple)
-    spec = Flag(flag, help, parse, choices, many, always, result, to_field, to_flag)
+        many = repeat or isinstance(default, list | tuple)
+    spec = Flag(flag, help, parse, choices, many, always, result, to_field, to_flag, off, repeat, metavar)
     meta = {"cli": spec}
     if isinstance(default, list | dict | set):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
@@ -170,22 +185,39 @@ class OptionSet:
         for f in self.fields:
             s, default = self.spec(f), self.default(f)
             if isinstance(default, bool):
-                if s.flag.startswith("--no-") != default:
-                    raise TypeError(f"{s.flag}: a --no- switch needs default True, another False")
-                parser.add_argument(s.flag, dest=f.name, action="store_true", help=s.help)
+                if s.turns_off != default:
+                    raise TypeError(
+                        f"{s.flag}: a --no- (or off=True) switch needs default True, another False"
+                    )
+                action = "store_false" if s.turns_off else "store_true"
+                parser.add_argument(s.flag, dest=f.name, action=action, default=default, help=s.help)
                 continue
             shown = s.to_flag(default) if s.to_flag and default is not None else default
-            if s.many:
-                kind = _many(s.parse, s.flag)
-                shown = list(shown) if shown is not None else None
-            else:
-                kind = s.parse
-            parser.add_argument(s.flag, dest=f.name, type=kind, default=shown, choices=s.choices, help=s.help)
+            kind = _many(s.parse, s.flag) if s.many else s.parse
+            if s.many and shown is not None:
+                shown = list(shown)
+            metavar = s.metavar or (None if s.choices else s.flag.lstrip("-").replace("-", "_").upper())
+            text = s.help
+            if text is not None and shown not in (None, [], ""):
+                text = f"{text} (default: {_text(shown)})"
+            if s.repeat:  # appended lists are joined in build(); None: the flag was not given
+                parser.add_argument(
+                    s.flag, dest=f.name, type=kind, action="append", metavar=metavar, help=text
+                )
+                continue
+            parser.add_argument(
+                s.flag, dest=f.name, type=kind, default=shown, choices=s.choices, metavar=metavar, help=text
+            )
 
     def _field_value(self, f: dataclasses.Field, parsed: Any) -> Any:
         s, default = self.spec(f), self.default(f)
         if isinstance(default, bool):
-            return (not parsed) if s.flag.startswith("--no-") else bool(parsed)
+            return bool(parsed)
+        if s.repeat:
+            if parsed is None:
+                return default
+            joined = [v for values in parsed for v in values]
+            return type(default)(joined) if isinstance(default, tuple | list) else joined
         if s.to_field and parsed is not None:
             return s.to_field(parsed)
         return parsed
@@ -203,6 +235,10 @@ class OptionSet:
     def command(self, words: Sequence[str], opts: Any) -> str:
         """The quoted command line that reproduces a run of ``opts``: ``words`` (the program
         and its sub-commands), then every option that defines the result."""
+        return " ".join(shlex.quote(p) for p in self.argv(words, opts))
+
+    def argv(self, words: Sequence[str], opts: Any) -> list[str]:
+        """``command`` as an argument list (to start the command as a subprocess)."""
         parts = list(words)
         for f in self.fields:
             s, default = self.spec(f), self.default(f)
@@ -217,4 +253,4 @@ class OptionSet:
                 value, default = s.to_flag(value), s.to_flag(default)
             if value is not None and (s.always or not _same(value, default)):
                 parts += [s.flag, _text(value)]
-        return " ".join(shlex.quote(p) for p in parts)
+        return parts

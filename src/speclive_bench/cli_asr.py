@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from speclive.common_options import device_option, threads_option
 from speclive.options import OptionSet, option, parse_margin
 from speclive_bench import report
 
@@ -38,8 +39,8 @@ class AsrBenchOptions:
     )
     out: Path = report.out_option()
     tag: str | None = option(None, "--tag", help="result file stem suffix (default: <model>)", always=True)
-    threads: int | None = option(None, "--threads", parse=int, help="torch threads (default: all cores)")
-    device: str = option("cpu", "--device", help="torch device of the Whisper models (cpu, cuda, cuda:1)")
+    threads: int | None = threads_option(help="torch threads (none: all cores)")
+    device: str = device_option(help="torch device of the Whisper models (cpu, cuda, cuda:1)")
     clips: Path | None = option(
         None, "--clips", parse=Path, help="run the clips that --save-clips wrote there"
     )

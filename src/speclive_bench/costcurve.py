@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from speclive.backends.base import Backend
-from speclive.loader import BACKENDS, DEFAULT_MODEL
+from speclive.common_options import backend_option, model_option
 from speclive.options import option
 from speclive_bench import report
 
@@ -50,8 +50,8 @@ def curve_tokens(backend: Backend, n: int) -> list[int]:
 class CostCurveOptions:
     """Settings of ``bench costcurve``; each field with a flag is its command-line option."""
 
-    model: str = option(DEFAULT_MODEL, "--model", always=True)
-    backend: str = option("llamacpp", "--backend", choices=BACKENDS, always=True)
+    model: str = model_option(always=True)
+    backend: str = backend_option(always=True)
     device: str = report.hf_device_option()
     ks: Sequence[int] = option(
         (1, 2, 4, 8, 16, 32), "--ks", parse=int, help="comma-separated k values", always=True

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from speclive.backends.base import Backend
+from speclive.common_options import max_draft_option, max_tokens_option
 from speclive.loader import BACKENDS
 from speclive.options import option
 from speclive_bench import report
@@ -96,7 +97,7 @@ class DecodeOptions:
     limit: int | None = option(
         None, "--limit", parse=int, help="prompts per set (spread over the set)", always=True
     )
-    max_tokens: int = option(128, "--max-tokens", parse=int, always=True)
+    max_tokens: int = max_tokens_option(128, always=True)
     methods: Sequence[str] = option(
         ALL_METHODS,
         "--methods",
@@ -104,7 +105,7 @@ class DecodeOptions:
         "ar is always run)",
         always=True,
     )
-    max_draft: int | None = option(None, "--max-draft", parse=int, help="longest draft of our drafters")
+    max_draft: int | None = max_draft_option(help="longest draft of our drafters")
     out: Path = report.out_option()
     tag: str = option(
         "", "--tag", help="results name: <bench>-<tag>.* (default: target-backend)", always=True

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speclive.loader import DEFAULT_MODEL
+from speclive.common_options import device_option, max_tokens_option, model_option
 from speclive.options import option
 from speclive_bench.costcurve import curve_tokens
 from speclive_bench.datasets import chat_messages
@@ -81,10 +81,10 @@ def _curve(pair: dict[str, Any], ks: list[int], repeats: int, prefix: int = 256)
 class GraphsOptions:
     """Settings of ``bench graphs``; each field with a flag is its command-line option."""
 
-    model: str = option(DEFAULT_MODEL, "--model", always=True)
-    device: str = option("cuda", "--device", help="torch device (graphs need cuda)", always=True)
+    model: str = model_option(always=True)
+    device: str = device_option("cuda", help="torch device (graphs need cuda)", always=True)
     limit: int = option(8, "--limit", parse=int, help="prompts (half MT-Bench, half code edits)", always=True)
-    max_tokens: int = option(128, "--max-tokens", parse=int, always=True)
+    max_tokens: int = max_tokens_option(128, always=True)
     repeats: int = option(7, "--repeats", parse=int, help="timed repeats per pass length", always=True)
     out: Path = out_option()
     tag: str = option("", "--tag", help="results name: graphs-<tag>.* (default: model-device)", always=True)

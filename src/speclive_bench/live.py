@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from speclive.loader import BACKENDS, DEFAULT_MODEL
+from speclive.common_options import backend_option, max_tokens_option, model_option
 from speclive.options import option
 from speclive_bench import report
 from speclive_bench.asr_stream import paired_ratio, ratio_text
@@ -49,8 +49,8 @@ class LiveBenchOptions:
     """Settings of ``bench live``; each field with a flag is its command-line option."""
 
     pipeline: str = option("chat", "--pipeline", choices=("chat", "translate"), always=True)
-    model: str = option(DEFAULT_MODEL, "--model", always=True)
-    backend: str = option("llamacpp", "--backend", choices=BACKENDS, always=True)
+    model: str = model_option(always=True)
+    backend: str = backend_option(always=True)
     methods: Sequence[str] = option(
         CHAT_METHODS,
         "--methods",
@@ -63,7 +63,7 @@ class LiveBenchOptions:
     limit: int = option(
         12, "--limit", parse=int, help="questions (chat) or utterances (translate)", always=True
     )
-    max_tokens: int = option(64, "--max-tokens", parse=int, always=True)
+    max_tokens: int = max_tokens_option(64, always=True)
     target_lang: str = option("de", "--target-lang")
     beta: float = option(0.2, "--beta", parse=float)
     end_s: float = option(0.5, "--end-silence", parse=float, help="silence (s) that ends a turn", always=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speclive.loader import BACKENDS, DEFAULT_MODEL
+from speclive.common_options import backend_option, max_tokens_option, model_option
 from speclive.options import option
 from speclive_bench import report
 from speclive_bench.datasets import mtbench_questions
@@ -38,8 +38,8 @@ METHODS = ("baseline", "greedy", "topk:3", "reflection")
 class PredGenBenchOptions:
     """Settings of ``bench predgen``; each field with a flag is its command-line option."""
 
-    model: str = option(DEFAULT_MODEL, "--model", always=True)
-    backend: str = option("llamacpp", "--backend", choices=BACKENDS, always=True)
+    model: str = model_option(always=True)
+    backend: str = backend_option(always=True)
     device: str = report.hf_device_option()
     methods: Sequence[str] = option(
         METHODS,
@@ -56,7 +56,7 @@ class PredGenBenchOptions:
     cpm: float = option(
         600.0, "--cpm", parse=float, help="user speaking rate, characters per minute", always=True
     )
-    max_tokens: int = option(128, "--max-tokens", parse=int, always=True)
+    max_tokens: int = max_tokens_option(128, always=True)
     tts: bool = option(True, "--no-tts")
     judge: str | None = option(
         None, "--judge", help="judge model for MT-Bench scores (e.g. qwen2.5-coder-1.5b-instruct)"

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from speclive.common_options import asr_model_option, model_option
 from speclive.options import OptionSet, option
 from speclive_bench import report
 from speclive_bench.fuzz import fuzz_rest
@@ -43,10 +44,8 @@ class ErrorLog(logging.Handler):
 class FuzzOptions:
     """Settings of ``bench fuzz``; each field with a flag is its command-line option."""
 
-    model: str = option(
-        "smollm2-135m-instruct", "--model", help="chat model of the fuzzed server", always=True
-    )
-    asr_model: str = option("whisper-tiny.en", "--asr-model", always=True)
+    model: str = model_option("smollm2-135m-instruct", help="chat model of the fuzzed server", always=True)
+    asr_model: str = asr_model_option("whisper-tiny.en", always=True)
     requests: int = option(
         10_000, "--requests", parse=int, help="generated requests per REST operation", always=True
     )

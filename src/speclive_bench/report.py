@@ -22,8 +22,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-# a divergence from AR at a reference top-2 logit gap below NEAR_TIE_GAP is a near-tie flip
 from speclive.backends.base import NEAR_TIE_GAP as NEAR_TIE_GAP
+
+# a divergence from AR at a reference top-2 logit gap below NEAR_TIE_GAP is a near-tie flip
+from speclive.common_options import device_option
 from speclive.options import option
 from speclive.sysinfo import cpu_detail, cpu_model
 
@@ -262,7 +264,7 @@ def plot_option() -> Any:
 
 def hf_device_option() -> Any:
     """The ``--device`` field of a benchmark whose transformers backend may run off the CPU."""
-    return option("cpu", "--device", help="torch device of the hf backend (cpu, cuda, ...)")
+    return device_option(help="torch device of the hf backend (cpu, cuda, ...)")
 
 
 def write_result_files(

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speclive.common_options import model_option, vllm_urls_option
 from speclive.options import OptionSet, option
 from speclive_bench import report
 from speclive_bench.datasets import mtbench_questions
@@ -48,14 +49,14 @@ Q_MIN_WORDS, Q_MAX_WORDS = 8, 22
 class ScaleBenchOptions:
     """Settings of ``bench scale``; each field with a flag is its command-line option."""
 
-    model: str = option(
+    model: str = model_option(
         "smollm2-135m-instruct",
-        "--model",
         help="model vLLM serves (registry name or HF folder)",
         always=True,
     )
-    #: running ``vllm serve`` replicas (empty: start one); from the plain ``--vllm-url`` argument
-    vllm_urls: Sequence[str] = ()
+    #: running ``vllm serve`` replicas (empty: start one); they name this machine's servers, not
+    #: a setting of the result, so they never belong in the reproducing command
+    vllm_urls: Sequence[str] = vllm_urls_option(result=False)
     enforce_eager: bool = option(
         False, "--enforce-eager", help="start vLLM without torch.compile (quick checks)"
     )
@@ -471,19 +472,11 @@ def add_scale_bench_parser(sub: Any) -> None:
         "scale", help="speclive sessions on vLLM vs plain vLLM, 1 and N concurrent sessions (SSBD, PredGen)"
     )
     OPTIONS.add_to(p)
-    # a plain argument, not an options field: it is given once per server (argparse's append,
-    # which option() does not declare), and it names this machine's servers, not a setting of
-    # the result, so it never belongs in the reproducing command
-    p.add_argument(
-        "--vllm-url", action="append", default=[], help="use this running vllm serve (default: start one)"
-    )
     p.set_defaults(func=cmd_scale)
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from speclive.engines.options import vllm_urls
-
-    opts = OPTIONS.build(args, vllm_urls=vllm_urls(args.vllm_url))
+    opts = OPTIONS.build(args)
     opts.tag = opts.tag or opts.model
     opts.command = OPTIONS.command(["speclive", "bench", "scale"], opts)
     result = run_scale_bench(opts, log=lambda m: print(m, file=sys.stderr, flush=True))

@@ -41,7 +41,10 @@ from typing import Any
 import httpx
 import numpy as np
 
+from speclive.common_options import drafter_option, max_tokens_option, model_option, threads_option
+from speclive.loader import DEFAULT_MODEL
 from speclive.options import OptionSet, option
+from speclive.server.config import SERVE_OPTIONS
 from speclive.server.inproc import free_port
 from speclive_bench import datasets, report
 from speclive_bench.live import chat_questions, speak
@@ -54,8 +57,8 @@ class ServeBenchOptions:
     """Settings of ``bench serve``; each field with a flag is its command-line option."""
 
     #: None: the server's default model (the command resolves it before writing its command line)
-    model: str | None = option(
-        None, "--model", help="registry name or .gguf (default: the server's default model)", always=True
+    model: str | None = model_option(
+        None, help="registry name or .gguf (default: the server's default model)", always=True
     )
     sets: list[str] = option(
         ["mtbench", "code-edit"],
@@ -66,12 +69,12 @@ class ServeBenchOptions:
     limit: int = option(8, "--limit", parse=int, help="prompts per set", always=True)
     #: the prompts of each set (``sets``, ``limit``): the command loads them
     prompts: dict[str, list[str]] = field(default_factory=dict)
-    max_tokens: int = option(128, "--max-tokens", parse=int, always=True)
+    max_tokens: int = max_tokens_option(128, always=True)
     clients: int = option(8, "--clients", parse=int, always=True)
     #: llama.cpp threads of each server (default: every core)
-    threads: int = option(os.cpu_count() or 2, "--threads", parse=int, always=True)
+    threads: int = threads_option(os.cpu_count() or 2, always=True)
     n_ctx: int = 4096
-    drafter: str = option("ngram", "--drafter", always=True)
+    drafter: str = drafter_option(always=True)
     warmup: int = 2
     #: spoken questions for the realtime phase (0: no realtime phase)
     voice_questions: int = option(
@@ -396,26 +399,17 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
     # peer's server takes one request at a time whatever it is told
     sessions = opts.max_sessions or max(opts.clients, *opts.voice_sessions, 1)
     cmds = {
-        "speclive": [
-            py,
-            "-m",
-            "speclive.cli",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(ours_port),
-            "--model",
-            opts.model,
-            "--drafter",
-            opts.drafter,
-            "--threads",
-            str(opts.threads),
-            "--n-ctx",
-            str(opts.n_ctx),
-            "--max-sessions",
-            str(sessions),
-        ],
+        "speclive": SERVE_OPTIONS.argv(
+            [py, "-m", "speclive.cli", "serve"],
+            SERVE_OPTIONS.preset(
+                port=ours_port,
+                model=opts.model or DEFAULT_MODEL,
+                drafter=opts.drafter,
+                threads=opts.threads,
+                n_ctx=opts.n_ctx,
+                max_sessions=sessions,
+            ),
+        ),
         "llama_cpp.server": [
             py,
             "-m",
@@ -692,7 +686,6 @@ def _prompt_sets(names: list[str], limit: int) -> dict[str, list[str]]:
 
 
 def cmd_serve_bench(args: argparse.Namespace) -> int:
-    from speclive.loader import DEFAULT_MODEL
 
     opts = OPTIONS.build(args)
     opts.prompts = _prompt_sets(opts.sets, opts.limit)

@@ -30,7 +30,9 @@ from typing import Any
 import httpx
 import numpy as np
 
+from speclive.common_options import asr_draft_option, asr_model_option, model_option
 from speclive.options import OptionSet, option
+from speclive.server.config import SERVE_OPTIONS
 from speclive_bench import report
 from speclive_bench.fuzz_realtime import scrape
 from speclive_bench.serve import start_server, stop_server
@@ -67,9 +69,9 @@ class SoakOptions:
     warmup_minutes: float | None = option(
         None, "--warmup-minutes", parse=float, help="default: a fifth of the run"
     )
-    model: str = option("smollm2-135m-instruct", "--model", always=True)
-    asr_model: str = option("whisper-tiny.en", "--asr-model", always=True)
-    asr_draft: str = option("self:1", "--asr-draft", always=True)
+    model: str = model_option("smollm2-135m-instruct", always=True)
+    asr_model: str = asr_model_option("whisper-tiny.en", always=True)
+    asr_draft: str = asr_draft_option("self:1", always=True)
     #: seconds between two readings of the server's metrics
     sample_s: float = option(10.0, "--sample-s", parse=float)
     out: Path = report.out_option()
@@ -255,9 +257,19 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
     print(f"speaking {len(set(questions))} questions with Piper ...", file=sys.stderr)
     audio = _spoken(tuple(dict.fromkeys(questions)), "piper-joe-medium")
     by_q = dict(zip(dict.fromkeys(questions), audio, strict=True))
-    cmd = [sys.executable, "-m", "speclive.cli", "serve", "--port", str(port), "--model", opts.model]
-    cmd += ["--asr-model", opts.asr_model, "--asr-draft", opts.asr_draft, "--api-key", key]
-    cmd += ["--max-sessions", str(opts.sessions + opts.chat_clients + 1), "--log-level", "warning"]
+    server = SERVE_OPTIONS.preset(
+        port=port,
+        model=opts.model,
+        asr_model=opts.asr_model,
+        asr_draft=opts.asr_draft,
+        api_key=key,
+        max_sessions=opts.sessions + opts.chat_clients + 1,
+    )
+    cmd = [
+        *SERVE_OPTIONS.argv([sys.executable, "-m", "speclive.cli", "serve"], server),
+        "--log-level",
+        "warning",
+    ]
     opts.out.mkdir(parents=True, exist_ok=True)
     # the server's log sits beside the result files of its run: soak-<tag>.log
     srv = start_server(f"soak-{opts.tag or opts.model}", cmd, port, opts.out, timeout=900, ready="/health")

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from speclive.common_options import threads_option
 from speclive.options import OptionSet, option
 from speclive_bench import report
 
@@ -55,7 +56,7 @@ class SpeechLMBenchOptions:
     )
     exact_requests: int = 8
     repeats: int = option(3, "--repeats", parse=int, always=True)
-    threads: int = option(1, "--threads", parse=int, help="torch CPU threads", always=True)
+    threads: int = threads_option(1, help="torch CPU threads", always=True)
     token_budget: int = 1024
     out: Path = report.out_option()
     #: results stem speechlm-<tag> (default: the preset)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speclive.loader import BACKENDS, DEFAULT_MODEL
+from speclive.common_options import backend_option, max_tokens_option, model_option
 from speclive.options import option
 from speclive_bench import report
 from speclive_bench.datasets import mtbench_questions
@@ -36,8 +36,8 @@ MIN_WORDS, MAX_WORDS = 8, 40
 class RetranslateBenchOptions:
     """Settings of ``bench retranslate``; each field with a flag is its command-line option."""
 
-    model: str = option(DEFAULT_MODEL, "--model", always=True)
-    backend: str = option("llamacpp", "--backend", choices=BACKENDS, always=True)
+    model: str = model_option(always=True)
+    backend: str = backend_option(always=True)
     device: str = report.hf_device_option()
     langs: Sequence[str] = option(("de", "zh", "ja"), "--langs", always=True)
     betas: Sequence[float] = option((0.0, 0.1, 0.2, 0.3, 0.4, 0.5), "--betas", parse=float, always=True)
@@ -45,7 +45,7 @@ class RetranslateBenchOptions:
     beta: float = option(0.2, "--beta", parse=float, help="β of the mask-k rows", always=True)
     limit: int = option(12, "--limit", parse=int, help="source sentences per language", always=True)
     lag_k: int = option(3, "--lag-k", parse=int, always=True)
-    max_tokens: int = option(160, "--max-tokens", parse=int, always=True)
+    max_tokens: int = max_tokens_option(160, always=True)
     out: Path = report.out_option()
     tag: str | None = option(
         None, "--tag", help="results name: retranslate-<tag>.* (default: model-backend)", always=True

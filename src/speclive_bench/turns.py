@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from speclive.common_options import backend_option, max_tokens_option, model_option
 from speclive.live.turnpolicy import TEXT_WEIGHT as FUSED_W
-from speclive.loader import BACKENDS, DEFAULT_MODEL
 from speclive.options import OptionSet, option
 from speclive_bench import report
 from speclive_bench.asr_stream import paired_ratio, ratio_text
@@ -93,11 +93,9 @@ class TurnsBenchOptions:
         always=True,
     )
     eagerness: str = option("auto", "--eagerness", choices=("low", "medium", "high", "auto"), always=True)
-    model: str = option(DEFAULT_MODEL, "--model", always=True)
-    backend: str = option("llamacpp", "--backend", choices=BACKENDS, always=True)
-    max_tokens: int = option(
-        32, "--max-tokens", parse=int, help="answer tokens (identity is on these)", always=True
-    )
+    model: str = model_option(always=True)
+    backend: str = backend_option(always=True)
+    max_tokens: int = max_tokens_option(32, help="answer tokens (identity is on these)", always=True)
     limit: int = option(0, "--limit", parse=int, help="conversations per split (0: all)", always=True)
     peer: str = option("none", "--peer", choices=("none", "pipecat"), always=True)
     signals_from: str = option(

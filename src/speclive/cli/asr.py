@@ -7,7 +7,8 @@ import json
 import sys
 
 from speclive.asr.transcribe import METHODS
-from speclive.options import add_stream_draft_flag, parse_margin
+from speclive.common_options import STREAMING
+from speclive.options import parse_margin
 
 
 def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +35,7 @@ def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
         help="play the file at real time in 1 s steps (LocalAgreement-2 partials); the final pass "
         "runs at the first silent frame after the speech",
     )
-    add_stream_draft_flag(p)
+    STREAMING.add_to(p)
     p.add_argument("--step", type=float, default=1.0, help="seconds per streaming step")
     p.add_argument("--vad", action="store_true", help="skip streaming passes without speech (Silero VAD)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads")

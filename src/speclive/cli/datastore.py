@@ -16,17 +16,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from speclive.options import csv
+from speclive.common_options import EngineOptions
+from speclive.options import OptionSet, csv
+
+#: the model whose tokenizer a datastore uses, and the model that answers held-out prompts
+TOKENIZER_MODEL = OptionSet(EngineOptions, only=("model",))
+OPTIONAL_MODEL = OptionSet(EngineOptions, only=("model",), defaults={"model": None})
+OUTPUTS_LLM = OptionSet(
+    EngineOptions,
+    only=("model", "backend", "max_tokens"),
+    defaults={"model": "qwen2.5-coder-1.5b-instruct", "max_tokens": 160},
+)
 
 
 def add_datastore_parser(subparsers: Any) -> None:
-    from speclive.loader import BACKENDS, DEFAULT_MODEL
-
     p = subparsers.add_parser("datastore", help="global suffix datastores for the suffix/hybrid drafters")
     sub = p.add_subparsers(dest="datastore_command", required=True)
 
     b = sub.add_parser("build", help="index a corpus (files, folders, .jsonl chats) for a model's tokenizer")
-    b.add_argument("--model", default=DEFAULT_MODEL, help="model whose tokenizer the datastore uses")
+    TOKENIZER_MODEL.add_to(b)
     b.add_argument("--corpus", nargs="+", required=True, help="files or folders (.jsonl: chats or text)")
     b.add_argument("-o", "--output", type=Path, required=True, help="datastore file to write (.npz)")
     b.add_argument("--max-tokens", type=int, default=4_000_000, help="cap on corpus tokens")
@@ -42,17 +50,15 @@ def add_datastore_parser(subparsers: Any) -> None:
 
     i = sub.add_parser("info", help="describe a datastore and time lookups")
     i.add_argument("path", type=Path)
-    i.add_argument("--model", default=None, help="check it against this model's tokenizer")
+    OPTIONAL_MODEL.add_to(i)  # given: the datastore is checked against its tokenizer
     i.add_argument("--max-mb", type=float, default=None, help="memory budget (MiB)")
     i.set_defaults(func=cmd_info)
 
     o = sub.add_parser("outputs", help="the model's greedy answers to held-out benchmark prompts (.jsonl)")
-    o.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
-    o.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    OUTPUTS_LLM.add_to(o)
     o.add_argument("--sets", default="mtbench,humaneval", help="comma-separated prompt sets")
     o.add_argument("--per-set", type=int, default=24, help="held-out prompts answered per set")
     o.add_argument("--bench-limit", type=int, default=4, help="the --limit of the bench runs to stay out of")
-    o.add_argument("--max-tokens", type=int, default=160)
     o.add_argument("-o", "--output", type=Path, required=True)
     o.set_defaults(func=cmd_outputs)
 

@@ -14,6 +14,15 @@ import os
 import sys
 from typing import Any
 
+from speclive.common_options import EngineOptions
+from speclive.options import OptionSet
+
+DEMO = OptionSet(
+    EngineOptions,
+    only=("model", "backend", "drafter", "draft_model", "threads", "max_tokens"),
+    defaults={"max_tokens": 200},
+)
+
 #: A code-editing request: the answer copies most of the prompt, the case prompt lookup wins on.
 DEFAULT_PROMPT = (
     "Add type hints and a docstring to this function, keep everything else unchanged:\n\n"
@@ -38,15 +47,8 @@ RESET = "\033[0m"
 
 
 def add_demo_parser(subparsers: Any) -> None:
-    from speclive.loader import BACKENDS, DEFAULT_MODEL, DRAFTERS
-
     p = subparsers.add_parser("demo", help="live demo: plain vs speculative decoding of one prompt")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
-    p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
-    p.add_argument("--drafter", default="ngram", choices=[d for d in DRAFTERS if d != "none"])
-    p.add_argument("--draft-model", default=None)
-    p.add_argument("--max-tokens", type=int, default=200)
-    p.add_argument("--threads", type=int, default=None)
+    DEMO.add_to(p)
     p.add_argument("--no-color", action="store_true", help="plain text (default when not a terminal)")
     p.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT)
     p.set_defaults(func=cmd_demo)
@@ -63,6 +65,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if not args.prompt.strip():
         raise SpecliveError("empty prompt: give the text to answer as the last argument")
+    if args.drafter == "none":
+        raise SpecliveError("the demo compares plain decoding with a drafter: pick one other than none")
     color = not args.no_color and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
     c = (lambda code: code) if color else (lambda code: "")
 

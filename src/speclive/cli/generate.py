@@ -7,28 +7,8 @@ import argparse
 import json
 import sys
 
+from speclive.common_options import ENGINE
 from speclive.errors import SpecliveError
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    from speclive.loader import BACKENDS, DEFAULT_MODEL, DRAFTERS
-
-    p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
-    p.add_argument("--backend", default="llamacpp", help=f"one of: {', '.join(BACKENDS)}")
-    p.add_argument("--drafter", default="ngram", help=f"one of: {', '.join(DRAFTERS)} (none = plain greedy)")
-    p.add_argument("--draft-model", default=None, help="draft model for --drafter model|crossvocab")
-    p.add_argument("--max-draft", type=int, default=None, help="longest draft (adaptive below it)")
-    p.add_argument("--threshold", type=float, default=0.4, help="draft confidence cut-off (model drafters)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--device", default="cpu", help="torch device of --backend hf (cpu, cuda, cuda:1, ...)")
-    p.add_argument("--n-ctx", type=int, default=None, help="context window in tokens")
-    p.add_argument("--datastore", default=None, help="global suffix datastore (--drafter suffix|hybrid*)")
-    p.add_argument(
-        "--no-knowledge",
-        action="store_true",
-        help="neither load nor save what the drafter learned ($SPECLIVE_HOME/knowledge; "
-        "see `speclive knowledge`)",
-    )
 
 
 def _build_decoder(args: argparse.Namespace):
@@ -49,7 +29,7 @@ def _build_decoder(args: argparse.Namespace):
     )
     rule = make_rule(getattr(args, "accept", None), getattr(args, "temperature", 0.0))
     knowledge = None
-    if drafter is not None and not getattr(args, "no_knowledge", False):
+    if drafter is not None and getattr(args, "knowledge", True):
         from speclive.knowledge import KnowledgeStore, disabled_by_env
 
         if not disabled_by_env():
@@ -124,8 +104,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def add_generate_parser(sub) -> None:
     g = sub.add_parser("generate", help="answer a prompt with speculative decoding")
-    add_engine_args(g)
-    g.add_argument("--max-tokens", type=int, default=256)
+    ENGINE.add_to(g)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(

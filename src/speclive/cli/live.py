@@ -14,23 +14,21 @@ import json
 import sys
 from typing import Any
 
+from speclive.common_options import REMOTE, SESSION_LLM, SPEECH, VOICE
 from speclive.errors import ConfigError
-from speclive.options import add_stream_draft_flag, parse_margin
+from speclive.options import OptionSet, parse_margin
+
+#: the LLM, where it runs and the speech models (the voice is chat's own)
+LIVE_LLM = OptionSet(SESSION_LLM.cls, only=("model", "backend", "device", "threads"))
+LIVE_SPEECH = OptionSet(SPEECH.cls, skip=("voice",))
+CHAT_CAP = OptionSet(SESSION_LLM.cls, only=("max_tokens",), defaults={"max_tokens": None})
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from speclive.engines.options import add_engine_options
-    from speclive.loader import BACKENDS, DEFAULT_MODEL
-
     p.add_argument("input", help="audio file (WAV/FLAC/OGG; any rate, mono or stereo)")
-    p.add_argument(
-        "--model", default=DEFAULT_MODEL, help="LLM: registry name, .gguf path, HF folder or hub id"
-    )
-    p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
-    p.add_argument("--device", default="cpu", help="torch device of --backend hf")
-    add_engine_options(p)
-    p.add_argument("--asr-model", default="whisper-base", help="Whisper target")
-    p.add_argument("--asr-draft", default="whisper-tiny.en", help="Whisper draft for SpecASR")
+    LIVE_LLM.add_to(p)
+    REMOTE.add_to(p)
+    LIVE_SPEECH.add_to(p)
     p.add_argument(
         "--asr-margin",
         type=parse_margin,
@@ -38,7 +36,6 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="seconds of audio context beyond the speech the "
         "target encodes ('none' = Whisper's full 30 s window)",
     )
-    add_stream_draft_flag(p)
     p.add_argument("--end-silence", type=float, default=0.5, help="silence (s) that ends a turn")
     p.add_argument(
         "--pause", type=float, default=0.2, help="silence (s) after which speculative final work starts"
@@ -49,7 +46,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--realtime", action="store_true", help="play the file at 1x real time (default: simulated clock)"
     )
-    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -66,12 +62,7 @@ def add_live_parser(sub: argparse._SubParsersAction) -> None:
         help="a non-speculative baseline instead of PredGen",
     )
     c.add_argument("--verifier", default="greedy", help="PredGen verifier: greedy | topk:K | reflection")
-    c.add_argument(
-        "--max-tokens",
-        type=int,
-        default=None,
-        help="cap on the answer's tokens (default: 96, the voice sessions' cap)",
-    )
+    CHAT_CAP.add_to(c)  # default: the voice sessions' cap
     c.add_argument(
         "--turn-detection",
         default="server_vad",
@@ -91,7 +82,7 @@ def add_live_parser(sub: argparse._SubParsersAction) -> None:
         choices=("audio", "text", "fused"),
         help="semantic: the signals read (Smart Turn, the LM, or both)",
     )
-    c.add_argument("--voice", default="piper-joe-medium", help="Piper voice")
+    VOICE.add_to(c)
     c.add_argument("--no-tts", action="store_true", help="text answers only")
     c.add_argument("--out", default=None, help="write the spoken answers to this WAV file")
     c.set_defaults(func=cmd_live, kind="chat")
@@ -172,7 +163,6 @@ def cmd_live(args: argparse.Namespace) -> int:
     import numpy as np
 
     from speclive.asr.audio import load_audio
-    from speclive.engines.options import check_engine_args, vllm_urls
     from speclive.live.build import LiveModelsConfig, load_live_models, make_pipeline
     from speclive.live.clock import VirtualClock, WallClock, play
     from speclive.live.turnpolicy import TurnPolicyConfig
@@ -181,7 +171,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     from speclive.sessions.predictive import _parse_verifier
     from speclive.sessions.retranslate import RetranslateConfig
 
-    check_engine_args(args)
+    remote = REMOTE.build(args)  # options that do not fit together fail before anything loads
     audio = load_audio(args.input)  # bad input fails before any model loads
     if audio.size == 0:
         raise ConfigError(f"{args.input} holds no audio samples")
@@ -203,8 +193,8 @@ def cmd_live(args: argparse.Namespace) -> int:
         LiveModelsConfig(
             model=args.model,
             backend=args.backend,
-            vllm_urls=tuple(vllm_urls(args.vllm_url)) if args.engine == "vllm" else (),
-            vllm_top_k=args.vllm_top_k,
+            vllm_urls=remote.vllm_urls,
+            vllm_top_k=remote.vllm_top_k,
             device=args.device,
             threads=args.threads,
             asr_model=args.asr_model,

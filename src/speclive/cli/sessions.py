@@ -13,19 +13,27 @@ import json
 import sys
 from typing import Any
 
+from speclive.common_options import REMOTE, SESSION_LLM, VOICE
+from speclive.engines.vllm import connect
+from speclive.loader import load_backend
+
+
+def load_llm(args: argparse.Namespace) -> Any:
+    """The LLM the options name: a ``Backend`` or a ``VLLMEngine`` (both drive the sessions)."""
+    remote = REMOTE.build(args)
+    if remote.engine == "vllm":
+        return connect(list(remote.vllm_urls), model=args.model, top_k=remote.vllm_top_k)
+    return load_backend(args.model, args.backend, threads=args.threads, device=args.device)
+
 
 def add_retranslate_parser(subparsers: Any) -> None:
-    from speclive.engines.options import add_engine_options
-    from speclive.loader import BACKENDS, DEFAULT_MODEL
     from speclive.sessions.retranslate import LANGUAGES
 
     p = subparsers.add_parser(
         "retranslate", help="live re-translation of a growing source (SSBD: previous output as draft)"
     )
-    p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
-    p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
-    p.add_argument("--device", default="cpu", help="torch device of --backend hf (cpu, cuda, ...)")
-    add_engine_options(p)
+    SESSION_LLM.add_to(p)
+    REMOTE.add_to(p)
     p.add_argument("--target-lang", default="de", help=f"one of: {', '.join(LANGUAGES)}")
     p.add_argument("--beta", type=float, default=0.2, help="bias towards the previous output (0 = lossless)")
     p.add_argument("--mask-k", type=int, default=3, help="hide the last k output tokens of partial updates")
@@ -41,15 +49,12 @@ def add_retranslate_parser(subparsers: Any) -> None:
     )
     p.add_argument("--baseline", action="store_true", help="plain autoregressive re-translation")
     p.add_argument("--lag-k", type=int, default=3, help="source arrives this many words per update")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("text", help="English source text")
     p.set_defaults(func=cmd_retranslate)
 
 
 def cmd_retranslate(args: argparse.Namespace) -> int:
-    from speclive.engines.options import check_engine_args, load_llm
     from speclive.errors import ConfigError
     from speclive.sessions.retranslate import RetranslateConfig, ReTranslator
     from speclive.sessions.simulate import lag_k_prefixes
@@ -67,7 +72,7 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
     )
     cfg.validate()  # before the model loads
-    check_engine_args(args)
+    REMOTE.build(args)  # options that do not fit together fail before anything loads
     prefixes = lag_k_prefixes(args.text, args.lag_k)
     backend = load_llm(args)
     session = ReTranslator(backend, cfg)
@@ -107,17 +112,13 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
 
 
 def add_predgen_parser(subparsers: Any) -> None:
-    from speclive.engines.options import add_engine_options
-    from speclive.loader import BACKENDS, DEFAULT_MODEL
     from speclive.sessions.predictive import FIRST_PASS
 
     p = subparsers.add_parser(
         "predgen", help="voice-chat answer while the user speaks (PredGen input-time speculation)"
     )
-    p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf path, HF folder or hub id")
-    p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
-    p.add_argument("--device", default="cpu", help="torch device of --backend hf (cpu, cuda, ...)")
-    add_engine_options(p)
+    SESSION_LLM.add_to(p)
+    REMOTE.add_to(p)
     p.add_argument("--verifier", default="greedy", help="greedy | topk:K | reflection")
     p.add_argument(
         "--first-pass",
@@ -128,11 +129,9 @@ def add_predgen_parser(subparsers: Any) -> None:
     )
     p.add_argument("--cpm", type=float, default=600.0, help="user speaking rate, characters per minute")
     p.add_argument("--no-tts", action="store_true", help="text only (no Piper voice)")
-    p.add_argument("--voice", default="piper-joe-medium", help="Piper voice: registry name or .onnx path")
+    VOICE.add_to(p)
     p.add_argument("--baseline", action="store_true", help="plain cascade: wait, generate, then TTS")
     p.add_argument("--lookahead", type=int, default=0, help="tokens speculated past the first sentence")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--wav", default=None, help="write the spoken answer to this WAV file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("prompt", help="what the user says")
@@ -142,7 +141,6 @@ def add_predgen_parser(subparsers: Any) -> None:
 def cmd_predgen(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from speclive.engines.options import check_engine_args, load_llm
     from speclive.errors import ConfigError
     from speclive.sessions.predictive import PredGenConfig, PredictiveResponder, _parse_verifier
     from speclive.sessions.simulate import simulate_user
@@ -153,7 +151,7 @@ def cmd_predgen(args: argparse.Namespace) -> int:
     if args.cpm <= 0:
         raise ConfigError(f"--cpm must be > 0, got {args.cpm}")
     _parse_verifier(args.verifier)  # fail before loading anything
-    check_engine_args(args)
+    REMOTE.build(args)  # options that do not fit together fail before anything loads
     tts = None
     if not args.no_tts:
         from speclive.tts.piper import PiperTTS
