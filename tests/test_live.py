@@ -348,7 +348,7 @@ def test_voice_sessions_use_the_voice_prompt_and_text_sessions_keep_predgens():
     from speclive.live.build import LiveModels, LiveModelsConfig
     from speclive.live.vad import TurnConfig
     from speclive.live.voicechat import VOICE_MAX_TOKENS, VOICE_SYSTEM_PROMPT, voice_predgen
-    from speclive.server.realtime import SessionSettings, _pipeline_for
+    from speclive.server.realtime_settings import SessionSettings, pipeline_for
     from speclive.sessions.predictive import SYSTEM_PROMPT
 
     # the voice prompt keeps PredGen's truncated-input instruction and asks for spoken style
@@ -362,7 +362,7 @@ def test_voice_sessions_use_the_voice_prompt_and_text_sessions_keep_predgens():
     # VoiceChat without settings and the server's realtime voice session get the voice prompt
     assert VoiceChat(object(), None).pcfg.system == VOICE_SYSTEM_PROMPT  # type: ignore[arg-type]
     models = LiveModels(LiveModelsConfig(), transcriber=object(), llm=object())
-    pipe = _pipeline_for(SessionSettings(mode="chat"), models, TurnConfig())
+    pipe = pipeline_for(SessionSettings(mode="chat"), models, TurnConfig())
     assert isinstance(pipe, VoiceChat)
     assert pipe.pcfg.system == VOICE_SYSTEM_PROMPT and pipe.pcfg.max_tokens == VOICE_MAX_TOKENS
     # text sessions (speclive predgen, bench predgen: PredGenConfig's defaults) keep PredGen's

@@ -28,7 +28,7 @@ pytest.importorskip("llama_cpp")
 from test_realtime import _browser, _chromium, _raw, _recv_type, _wait  # noqa: E402
 from test_server import running  # noqa: E402
 
-from speclive.server import realtime  # noqa: E402
+from speclive.server import realtime_session  # noqa: E402
 from speclive.server.app import create_app  # noqa: E402
 from speclive.server.audio import pcm16, resample  # noqa: E402
 from speclive.server.config import ServerConfig  # noqa: E402
@@ -50,7 +50,7 @@ def page_srv(llama_smol):
     config = ServerConfig(model="smollm2-135m-instruct", asr_model="whisper-tiny.en", api_key=KEY)
     app = create_app(config, backend=llama_smol, live_transcriber=live_tr)
     received: list[np.ndarray] = []
-    decode = realtime.decode_audio
+    decode = realtime_session.decode_audio
 
     def keep(b64, rate):
         x = decode(b64, rate)
@@ -58,7 +58,7 @@ def page_srv(llama_smol):
         return x
 
     with pytest.MonkeyPatch.context() as mp, running(app) as url:
-        mp.setattr(realtime, "decode_audio", keep)
+        mp.setattr(realtime_session, "decode_audio", keep)
         # the first session loads the live models; the page's session then hears its audio as
         # it comes instead of all at once after the load
         with _raw(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:

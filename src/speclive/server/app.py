@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +26,21 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from speclive.server.chat import ChatEngine
 from speclive.server.config import ServerConfig
 from speclive.server.errors import install_error_handlers
 from speclive.server.memory import MemoryTrimmer
 from speclive.server.middleware import AuthMiddleware, BodyLimitMiddleware, ObserveMiddleware, route_label
 from speclive.server.openai_api import router as openai_router
+from speclive.server.realtime import router as realtime_router
 from speclive.server.services import Services
+from speclive.server.speech import SpeechToText, TextToSpeech
 
 __all__ = ["ServerConfig", "create_app"]
 
 log = logging.getLogger("speclive.server")
+
+STATIC = Path(__file__).with_name("static")
 
 
 def create_app(
@@ -51,19 +56,36 @@ def create_app(
 ) -> FastAPI:
     config = config or ServerConfig()
     if backend is not None and chat is None:
-        from speclive.server.chat import ChatEngine
-
         chat = ChatEngine(backend, config)
     if transcriber is not None and stt is None:
-        from speclive.server.speech import SpeechToText
-
         stt = SpeechToText(transcriber)
     if tts is not None and speech is None:
-        from speclive.server.speech import TextToSpeech
-
         speech = TextToSpeech(tts)
     services = Services(config, chat=chat, transcription=stt, speech=speech)
     services.live_transcriber = live_transcriber
+    app = FastAPI(
+        title="speclive",
+        description="OpenAI-compatible speech + LLM API, fast by speculative decoding",
+        lifespan=_lifespan(services),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.speclive = services
+    install_error_handlers(app)
+    _add_routes(app, services)
+    # added last = outermost: observe (metrics, error boundary) -> auth -> body limit -> routes
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    if config.api_key:
+        app.add_middleware(AuthMiddleware, api_key=config.api_key)
+    app.add_middleware(ObserveMiddleware, metrics=services.metrics, endpoint=route_label)
+    return app
+
+
+def _lifespan(services: Services) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the event-loop watch and the memory trimmer while it runs, the models
+    loaded at startup with ``preload``, the workers closed at shutdown."""
+    config = services.config
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -85,16 +107,11 @@ def create_app(
             await trimmer.stop()
         services.close()
 
-    app = FastAPI(
-        title="speclive",
-        description="OpenAI-compatible speech + LLM API, fast by speculative decoding",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
-    app.state.speclive = services
-    install_error_handlers(app)
+    return lifespan
+
+
+def _add_routes(app: FastAPI, services: Services) -> None:
+    """``/health``, ``/metrics``, the REST API, ``WS /v1/realtime``, the web page and its files."""
 
     @app.get("/health")
     async def health() -> dict:
@@ -105,22 +122,10 @@ def create_app(
         return Response(services.metrics.render(), media_type=services.metrics.content_type)
 
     app.include_router(openai_router)
-
-    from speclive.server.realtime import router as realtime_router
-
     app.include_router(realtime_router)
-
-    static = Path(__file__).with_name("static")
-    app.mount("/static", StaticFiles(directory=static), name="static")
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         """The web page: microphone, voice chat, live translation and transcription views."""
-        return FileResponse(static / "index.html", media_type="text/html")
-
-    # added last = outermost: observe (metrics, error boundary) -> auth -> body limit -> routes
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
-    if config.api_key:
-        app.add_middleware(AuthMiddleware, api_key=config.api_key)
-    app.add_middleware(ObserveMiddleware, metrics=services.metrics, endpoint=route_label)
-    return app
+        return FileResponse(STATIC / "index.html", media_type="text/html")

@@ -20,9 +20,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 import anyio
+import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from speclive.asr.transcribe import Transcript
 from speclive.server.audio import PCM_RATE, decode_upload, pcm16, resample, wav_bytes
 from speclive.server.chat import ChatDone, ChatParams
 from speclive.server.errors import APIError, translate
@@ -30,7 +32,7 @@ from speclive.server.middleware import INTERNAL_ERROR
 from speclive.server.schemas import ChatCompletionRequest, SpeechRequest
 from speclive.server.services import Services
 from speclive.server.sessions import Session
-from speclive.server.speech import speakable
+from speclive.server.speech import SpeechToText, speakable
 from speclive.server.worker import ModelWorker, Stream
 
 log = logging.getLogger("speclive.server")
@@ -243,21 +245,7 @@ async def transcriptions(
     """OpenAI's transcription form; ``prompt`` and ``temperature`` are accepted and ignored
     (decoding is greedy, which is what makes SpecASR lossless)."""
     svc = _services(request)
-    svc.names.transcription(model)
-    if response_format not in TRANSCRIPTION_FORMATS:
-        raise APIError(
-            400,
-            f"response_format {response_format!r} is not supported; "
-            f"use one of {', '.join(TRANSCRIPTION_FORMATS)}",
-            param="response_format",
-            code="invalid_value",
-        )
-    if language and language.lower() not in ("en", "english"):
-        raise APIError(
-            400,
-            f"language {language!r} is not supported: the served models transcribe English",
-            param="language",
-        )
+    _check_transcription_form(svc, model, response_format, language)
     audio = await asyncio.to_thread(decode_upload, await file.read())
     duration = len(audio) / 16_000
     if duration > svc.config.max_audio_s:
@@ -276,7 +264,33 @@ async def transcriptions(
             svc.worker("transcription"), lambda: engine.stream(audio, step_s), session
         )
         return EventStream(_transcript_events(svc, partials, session, first, duration))
-    # one segment per turn of the worker, which the chat completions share
+    transcript = await _transcribe(svc, engine, audio, session)
+    svc.metrics.audio_in.inc(duration)
+    return _transcription_response(transcript, duration, response_format)
+
+
+def _check_transcription_form(svc: Services, model: str, response_format: str, language: str | None) -> None:
+    """The form's model, ``response_format`` and ``language``, checked before any work."""
+    svc.names.transcription(model)
+    if response_format not in TRANSCRIPTION_FORMATS:
+        raise APIError(
+            400,
+            f"response_format {response_format!r} is not supported; "
+            f"use one of {', '.join(TRANSCRIPTION_FORMATS)}",
+            param="response_format",
+            code="invalid_value",
+        )
+    if language and language.lower() not in ("en", "english"):
+        raise APIError(
+            400,
+            f"language {language!r} is not supported: the served models transcribe English",
+            param="language",
+        )
+
+
+async def _transcribe(svc: Services, engine: SpeechToText, audio: np.ndarray, session: Session) -> Transcript:
+    """The whole transcript of ``audio``, one segment per turn of the worker (which the chat
+    completions share); the session is freed when it ends."""
     steps = svc.worker("transcription").stream(lambda: engine.transcribe_steps(audio))
     transcript = None
     try:
@@ -288,7 +302,11 @@ async def transcriptions(
         session.release()
     if transcript is None:  # the stream ends with its transcript; a failure raised above
         raise RuntimeError("the transcription ended without a transcript")
-    svc.metrics.audio_in.inc(duration)
+    return transcript
+
+
+def _transcription_response(transcript: Transcript, duration: float, response_format: str) -> Response:
+    """The transcript in ``response_format``: ``text``, ``json`` or ``verbose_json``."""
     if response_format == "text":
         return PlainTextResponse(transcript.text + "\n")
     usage = {"type": "duration", "seconds": round(duration, 3)}

@@ -24,12 +24,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from speclive.asr.transcribe import TranscribeConfig, Transcriber
 from speclive.errors import ConfigError
+from speclive.models.install import is_installed, verify
+from speclive.models.registry import REGISTRY
+from speclive.server.chat import ChatEngine
 from speclive.server.config import ServerConfig
 from speclive.server.errors import APIError
 from speclive.server.metrics import Metrics
 from speclive.server.names import ModelNames
 from speclive.server.sessions import SessionLimiter
+from speclive.server.speech import SpeechToText, TextToSpeech
 from speclive.server.worker import ModelWorker
 
 log = logging.getLogger("speclive.server")
@@ -89,11 +94,7 @@ class Services:
 
     def _loader(self, kind: str) -> Callable[[ServerConfig], Any]:
         if kind == "chat":
-            from speclive.server.chat import ChatEngine
-
             return ChatEngine.load
-        from speclive.server.speech import SpeechToText, TextToSpeech
-
         return SpeechToText.load if kind == "transcription" else TextToSpeech.load
 
     async def engine(self, kind: str) -> Any:
@@ -144,8 +145,6 @@ class Services:
     async def live_whisper(self) -> Any:
         """The Whisper of realtime sessions, loaded once on the chat worker (which runs them)."""
         if self.live_transcriber is None:
-            from speclive.asr.transcribe import TranscribeConfig, Transcriber
-
             cfg = self.config
             tc = TranscribeConfig(
                 model=cfg.asr_model,
@@ -172,9 +171,6 @@ def verify_installed(names: list[str]) -> None:
     """Re-hash every file of the installed registry models among ``names`` before they load;
     a file that fails its SHA-256 stops the server (``ConfigError``). Paths, hub ids and models
     not installed yet (the installer hashes them as it writes them) are left out."""
-    from speclive.models.install import is_installed, verify
-    from speclive.models.registry import REGISTRY
-
     t0 = time.perf_counter()
     checked = 0
     for name in dict.fromkeys(names):

@@ -15,6 +15,7 @@ from speclive.asr.streaming import Partial, StreamConfig, stream_file, transcrib
 from speclive.asr.transcribe import TranscribeConfig, Transcriber, Transcript
 from speclive.server.config import ServerConfig
 from speclive.tts.base import TTS, Audio
+from speclive.tts.piper import PiperTTS
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
@@ -65,16 +66,12 @@ class TextToSpeech:
 
     @classmethod
     def load(cls, config: ServerConfig) -> TextToSpeech:
-        from speclive.tts.piper import PiperTTS
-
         tts = PiperTTS(config.tts_voice, threads=config.threads)
         tts.reserve()  # its memory is taken at start-up, not sentence by sentence
         return cls(tts)
 
     def synthesize(self, text: str, speed: float = 1.0) -> Audio:
         """Speech for ``text``; ``speed`` > 1 speaks faster (Piper's length scale 1/speed)."""
-        from speclive.tts.piper import PiperTTS
-
         if speed != 1.0 and isinstance(self.tts, PiperTTS):  # the voice that takes a speed
             return self.tts.synthesize(text, speed=speed)
         return self.tts.synthesize(text)

@@ -1,0 +1,288 @@
+"""One realtime connection: its settings, its live pipeline, and the client events it takes.
+
+``RealtimeSession.CLIENT_EVENTS`` is the table of the protocol's client events: event type ->
+handler (``session.update``, ``input_audio_buffer.append`` / ``.commit`` / ``.clear``,
+``response.create`` / ``.cancel``, ``conversation.item.create``). What the pipeline emits goes
+out through the session's ``Conversation`` (``realtime_conversation.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
+
+import numpy as np
+from fastapi import WebSocket, WebSocketDisconnect
+
+from speclive.live import events as ev
+from speclive.live.build import LiveModels
+from speclive.live.pipeline import LivePipeline
+from speclive.live.vad import TurnConfig
+from speclive.server.audio import resample
+from speclive.server.ratelimit import TokenBucket
+from speclive.server.realtime_conversation import Conversation
+from speclive.server.realtime_protocol import BETA_NAMES, CLOSE_SLOW, ProtocolError, new_id
+from speclive.server.realtime_settings import SessionSettings, apply_update, pipeline_for
+
+log = logging.getLogger("speclive.server")
+
+#: one step of the pipeline computes at most this long before new audio is taken in
+STEP_S = 0.1
+#: largest audio payload of one append event (OpenAI's limit is 15 MiB of base64)
+MAX_APPEND_BYTES = 15 * 1024 * 1024
+#: received audio not yet taken by the pipeline, past which appends are refused
+MAX_BACKLOG_S = 30.0
+
+
+def decode_audio(b64: Any, rate: int) -> np.ndarray:
+    """base64 PCM16 LE mono at ``rate`` -> float32 at 16 kHz."""
+    if not isinstance(b64, str):
+        raise ProtocolError("invalid_type", "audio must be a base64 string", "audio")
+    if len(b64) > MAX_APPEND_BYTES:
+        raise ProtocolError("invalid_value", f"audio payload over {MAX_APPEND_BYTES} bytes", "audio")
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ProtocolError("invalid_audio", f"audio is not valid base64: {e}", "audio") from e
+    if len(raw) % 2:
+        raise ProtocolError("invalid_audio", "PCM16 audio must have an even number of bytes", "audio")
+    x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+    return resample(x, rate, 16_000) if rate != 16_000 else x
+
+
+class RealtimeSession:
+    """One WebSocket connection: settings, a pipeline, and the event mapping."""
+
+    def __init__(self, ws: WebSocket, services: Any, models: LiveModels, model_name: str, beta: bool = False):
+        self.ws = ws
+        cfg = services.config
+        self.events = TokenBucket(cfg.realtime_events_per_s, 2 * cfg.realtime_events_per_s)
+        self.send_timeout_s = cfg.realtime_send_timeout_s
+        #: when the last rate-limit error was sent (one a second at most)
+        self.rate_error_t = float("-inf")
+        #: why the server closes the connection: (code, reason)
+        self.close_with: tuple[int, str] | None = None
+        #: the client speaks the beta protocol (its event names for response audio)
+        self.beta = beta
+        self.svc = services
+        self.models = models
+        self.model_name = model_name
+        self.id = new_id("sess")
+        self.settings = SessionSettings()
+        self.pipeline: LivePipeline | None = None
+        self.audio: list[np.ndarray] = []
+        self.wake = asyncio.Event()
+        self.closed = False
+        self.conversation = Conversation(self.send, self.error, lambda: self.settings)
+        self.lock = asyncio.Lock()  # one send at a time
+        #: a session.update that needs a new pipeline, waiting for the turn in progress to end
+        self.pending: SessionSettings | None = None
+
+    def busy(self) -> bool:
+        """A turn is open, or its answer is still being worked out or sent."""
+        return self.pipeline is not None and self.pipeline.working
+
+    # ---- sending ----------------------------------------------------------------------
+    async def send(self, type_: str, **payload: Any) -> None:
+        if self.closed:
+            return
+        if self.beta:
+            type_ = BETA_NAMES.get(type_, type_)
+        msg = {"type": type_, "event_id": new_id("event"), **payload}
+        async with self.lock:
+            if self.closed:
+                return
+            try:
+                await asyncio.wait_for(self.ws.send_text(json.dumps(msg)), self.send_timeout_s)
+            except (WebSocketDisconnect, RuntimeError):
+                pass
+            except TimeoutError:
+                # the client stopped reading: nothing more goes to it, the session ends
+                log.warning(
+                    "realtime session %s: client not reading for %.0f s", self.id, self.send_timeout_s
+                )
+                self.closed = True
+                self.close_with = (CLOSE_SLOW, "client is not reading events")
+                self.wake.set()
+
+    async def error(
+        self, code: str, message: str, param: str | None = None, event_id: str | None = None
+    ) -> None:
+        self.svc.metrics.realtime_errors.labels(code=code).inc()
+        await self.send(
+            "error",
+            error={
+                "type": "invalid_request_error",
+                "code": code,
+                "message": message,
+                "param": param,
+                "event_id": event_id,
+            },
+        )
+
+    async def send_session(self, type_: str) -> None:
+        """``session.created`` / ``session.updated``: the session's settings now."""
+        await self.send(type_, session=self.settings.describe(self.id, self.model_name))
+
+    # ---- the pipeline -----------------------------------------------------------------
+    async def start_pipeline(self) -> None:
+        old, self.pipeline = self.pipeline, None
+        if old is not None:  # a session.update that needs another pipeline: free the old one
+            await self.svc.worker("chat").call(old.abort)
+        self.pipeline = await self.svc.worker("chat").call(
+            pipeline_for,
+            self.settings,
+            self.models,
+            TurnConfig(max_turn_s=self.svc.config.max_turn_s, end_s=self.settings.end_s),
+        )
+
+    async def compute_loop(self) -> None:
+        """Push the audio that arrived, let the pipeline compute in short slices, send what it
+        emits; sleep while there is nothing to do."""
+        worker = self.svc.worker("chat")
+        while not self.closed:
+            pipe = self.pipeline
+            chunks, self.audio = self.audio, []
+            events: list[ev.Event] = []
+            if chunks and pipe is not None:
+                events += await worker.call(pipe.push, np.concatenate(chunks))
+            out = None
+            if pipe is not None:
+                out = await self._step(worker, pipe)
+                events += out or []
+            for e in events:
+                await self.conversation.on_event(e)
+            if self.pending is not None and not self.busy():
+                self.settings, self.pending = self.pending, None
+                await self.start_pipeline()
+                await self.send_session("session.updated")
+                continue
+            if not events and not self.audio and out is None:
+                self.wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout=0.5)
+
+    async def _step(self, worker: Any, pipe: LivePipeline) -> list[ev.Event] | None:
+        """One unit of the pipeline's compute. Speculation (``pipe.background``) waits for the
+        turns other users wait on; while it is still queued, audio that arrives goes first (the
+        VAD must hear the end of the turn on time) and the unit is asked for again after it."""
+
+        def unit(p: Any = pipe) -> list[ev.Event] | None:
+            return p.step(p.clock() + STEP_S)
+
+        if not pipe.background:
+            return await worker.call(unit)
+        fut = worker.submit_background(unit)
+        while not fut.running() and not fut.done():
+            if self.audio or self.closed:
+                if fut.cancel():
+                    return None
+                break
+            self.wake.clear()
+            waiter = asyncio.ensure_future(self.wake.wait())
+            await asyncio.wait([asyncio.wrap_future(fut), waiter], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+        return await asyncio.wrap_future(fut)
+
+    # ---- client events ------------------------------------------------------------------
+    async def within_rate(self) -> bool:
+        """Count one client event against the rate; an event over it gets (at most one a second)
+        an error and is dropped."""
+        if self.events.take():
+            return True
+        now = asyncio.get_running_loop().time()
+        if now - self.rate_error_t >= 1.0:
+            self.rate_error_t = now
+            await self.error(
+                "rate_limit_exceeded",
+                f"more than {self.events.rate:g} events per second: events are being dropped",
+            )
+        return False
+
+    async def handle(self, raw: str) -> None:
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            await self.error("invalid_json", "the event is not valid JSON")
+            return
+        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+            await self.error("invalid_event", "an event must be a JSON object with a string 'type'")
+            return
+        kind, event_id = msg["type"], msg.get("event_id")
+        if not isinstance(event_id, str | None):
+            event_id = None
+        try:
+            await self.dispatch(kind, msg)
+        except ProtocolError as e:
+            await self.error(e.code, e.message, e.param, event_id)
+        except Exception:
+            # a bug met by this event: the client is told, the session goes on, the log says why
+            log.exception("realtime session %s: %s event failed", self.id, kind)
+            await self.error("server_error", "the server failed to handle this event", None, event_id)
+
+    async def dispatch(self, kind: str, msg: dict) -> None:
+        """Client event ``msg`` of type ``kind`` to its handler in ``CLIENT_EVENTS``."""
+        handler = self.CLIENT_EVENTS.get(kind)
+        if handler is None:
+            raise ProtocolError("unknown_event", f"unknown event type {kind!r}", "type")
+        await handler(self, msg)
+
+    async def _session_update(self, msg: dict) -> None:
+        new = apply_update(self.settings, msg.get("session"))
+        rebuild = new.turn_key() != self.settings.turn_key()
+        if rebuild and self.busy():
+            # a new pipeline starts between turns: this turn finishes as it began
+            self.pending = new
+            return
+        self.settings = new
+        self.pending = None
+        if rebuild:
+            await self.start_pipeline()
+        await self.send_session("session.updated")
+
+    async def _append(self, msg: dict) -> None:
+        x = decode_audio(msg.get("audio"), self.settings.input_rate)
+        if sum(map(len, self.audio)) + len(x) > MAX_BACKLOG_S * 16_000:
+            raise ProtocolError(
+                "audio_backlog",
+                f"over {MAX_BACKLOG_S:g} s of audio wait to be processed: this append is dropped",
+                "audio",
+            )
+        self.audio.append(x)
+        self.wake.set()
+
+    async def _commit(self, msg: dict) -> None:
+        if not self.settings.server_vad:
+            # the client says the turn is over: the VAD hears the silence that ends a turn
+            end_s = self.pipeline.cfg.turn.end_s if self.pipeline is not None else 0.5
+            self.audio.append(np.zeros(int((end_s + 0.2) * 16_000), np.float32))
+            self.wake.set()
+
+    async def _clear(self, msg: dict) -> None:
+        self.audio = []
+        await self.send("input_audio_buffer.cleared")
+
+    async def _response_create(self, msg: dict) -> None:
+        pass  # answers follow each turn by themselves
+
+    async def _response_cancel(self, msg: dict) -> None:
+        await self.conversation.cancel_response()
+
+    async def _item_create(self, msg: dict) -> None:
+        raise ProtocolError("unsupported_event", "text conversation items are not supported: send audio")
+
+    CLIENT_EVENTS: ClassVar[dict[str, Callable[[RealtimeSession, dict], Awaitable[None]]]] = {
+        "session.update": _session_update,
+        "input_audio_buffer.append": _append,
+        "input_audio_buffer.commit": _commit,
+        "input_audio_buffer.clear": _clear,
+        "response.create": _response_create,
+        "response.cancel": _response_cancel,
+        "conversation.item.create": _item_create,
+    }
