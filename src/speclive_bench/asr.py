@@ -27,6 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from speclive.asr.audio import load_audio, to_mono_16k
+from speclive.asr.transcribe import TranscribeConfig, Transcriber
+from speclive.asr.whisper import load_whisper
+from speclive.drafting.specasr import SpecASRConfig
+from speclive.tts.piper import PiperTTS
+from speclive.tts.sentences import split_sentences
 from speclive_bench.costcurve import CURVE_COLUMNS
 from speclive_bench.datasets import mtbench_questions
 from speclive_bench.report import _pyplot, markdown_preamble, md_table, word_error_rate
@@ -143,7 +149,6 @@ def clips_from(folder: Path) -> list[Clip]:
 
 
 def librivox_clips() -> list[Clip]:
-    from speclive.asr.audio import load_audio
 
     if not LIBRIVOX.is_dir():
         return []
@@ -158,9 +163,6 @@ def librivox_clips() -> list[Clip]:
 
 
 def piper_clips(n: int) -> list[Clip]:
-    from speclive.asr.audio import to_mono_16k
-    from speclive.tts.piper import PiperTTS
-    from speclive.tts.sentences import split_sentences
 
     tts = PiperTTS("piper-joe-medium")
     out = []
@@ -207,9 +209,6 @@ def run_asr_bench(
     """Every variant on every clip (module docstring). ``clips``: given audio instead of the
     LibriVox and Piper clips; ``device``: the torch device of the Whisper models (the
     faster-whisper peer, a CPU build, runs only with ``device="cpu"``)."""
-    from speclive.asr.transcribe import TranscribeConfig, Transcriber
-    from speclive.asr.whisper import load_whisper
-    from speclive.drafting.specasr import SpecASRConfig
 
     clips = clips if clips is not None else librivox_clips() + piper_clips(n_piper)
     if not clips:

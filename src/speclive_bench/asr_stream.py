@@ -41,6 +41,15 @@ from typing import Any
 
 import numpy as np
 
+from speclive.asr.audio import to_mono_16k
+from speclive.asr.streaming import PassRecognizer, StreamConfig, stream_timed
+from speclive.asr.transcribe import TranscribeConfig, Transcriber
+from speclive.decoder import SpeculativeDecoder
+from speclive.drafting.history import HistoryDrafter
+from speclive.errors import ConfigError
+from speclive.live.vad import StreamingVAD, last_speech_end
+from speclive.tts.piper import PiperTTS
+from speclive.tts.sentences import split_sentences
 from speclive_bench.asr import Clip
 from speclive_bench.datasets import mtbench_questions
 from speclive_bench.report import _pyplot, markdown_preamble, md_table, word_error_rate
@@ -64,9 +73,6 @@ def multi_sentence_turns(n: int, voice: str = "piper-joe-medium", seed: int = 0)
     """``n`` turns of MT-Bench sentences in one voice, the sentences joined by 0.15-0.35 s of
     silence (shorter than the live pipeline's pause, so one turn): sentences are added while the
     turn is shorter than a length drawn from 5-20 s, so the last one may carry it past 20 s."""
-    from speclive.asr.audio import to_mono_16k
-    from speclive.tts.piper import PiperTTS
-    from speclive.tts.sentences import split_sentences
 
     tts = PiperTTS(voice)
     rng = np.random.default_rng(seed)
@@ -101,9 +107,6 @@ def with_trailing_silence(clip: Clip, seconds: float = 1.0) -> Clip:
 def _chunked_transcriber(base: Any) -> Any:
     """A transcriber whose hinted passes draft the newest hypothesis in cost-sized chunks
     (``HistoryDrafter``), as the previous release did; everything else is ``base``'s."""
-    from speclive.asr.transcribe import Transcriber
-    from speclive.decoder import SpeculativeDecoder
-    from speclive.drafting.history import HistoryDrafter
 
     class Chunked(Transcriber):
         def _hinted_decoder(self, hints: list[list[int]]) -> SpeculativeDecoder:
@@ -121,8 +124,6 @@ def load_transcribers(
 ) -> dict[str, Any]:
     """One transcriber per method, all on ONE loaded target (and draft)."""
     from dataclasses import replace
-
-    from speclive.asr.transcribe import TranscribeConfig, Transcriber
 
     cfg = TranscribeConfig(
         model=model, method="specasr", draft=draft, threads=threads, target_audio_margin_s=margin_s
@@ -162,7 +163,6 @@ UNCHECKED = ("draft-partials-fullvocab",)
 # ---- running ----------------------------------------------------------------------------------
 def run_stream(transcriber: Any, draft: bool, clip: Clip, silence_t: float | None, step_s: float) -> dict:
     """One clip streamed by one method: its passes, final text and latency, CPU seconds."""
-    from speclive.asr.streaming import PassRecognizer, StreamConfig, stream_timed
 
     rec = PassRecognizer(transcriber, draft=draft, loop_fallback=False)
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -180,7 +180,6 @@ def run_stream(transcriber: Any, draft: bool, clip: Clip, silence_t: float | Non
 def with_references(methods: Sequence[str]) -> list[str]:
     """``methods`` (all when empty) in ``METHODS`` order, with ``ar`` and the plain runs their
     passes are checked against."""
-    from speclive.errors import ConfigError
 
     want = set(methods or METHODS)
     unknown = want - set(METHODS)
@@ -197,7 +196,6 @@ def run_stream_bench(
     step_s: float = 1.0,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    from speclive.live.vad import StreamingVAD, last_speech_end
 
     rows: list[dict[str, Any]] = []
     for i, clip in enumerate(clips):

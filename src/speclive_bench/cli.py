@@ -20,14 +20,37 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from speclive.backends.cpu_linear import stock_linears
+from speclive.errors import ConfigError
+from speclive.loader import load_backend
 from speclive.options import OptionSet
+from speclive.sessions.predictive import parse_method
+from speclive_bench import (
+    cli_asr,
+    costcurve,
+    decode,
+    graphs,
+    live,
+    methods,
+    predgen,
+    prompts,
+    reliability,
+    report,
+    scale,
+    serve,
+    soak,
+    speechlm,
+    ssbd,
+    talon,
+    turns,
+)
 
 
 def add_bench_parser(subparsers: Any) -> None:
     """Register ``speclive bench`` and its sub-commands on the top-level sub-parsers."""
-    from speclive_bench.report import RESULTS_DIR
 
     p = subparsers.add_parser("bench", help="benchmarks: cost curves, decode speed vs peers")
+    p.set_defaults(prepare=_refuse_dirty_results)
     sub = p.add_subparsers(dest="bench_command", required=True)
 
     c = sub.add_parser("costcurve", help="verification cost t(k) of one extend of k tokens")
@@ -39,7 +62,7 @@ def add_bench_parser(subparsers: Any) -> None:
     d.set_defaults(func=cmd_decode)
 
     a = sub.add_parser("all-small", help="quick preset: SmolLM2 on llama.cpp, 2 prompts per set, 32 tokens")
-    a.add_argument("--out", type=Path, default=RESULTS_DIR)
+    a.add_argument("--out", type=Path, default=report.RESULTS_DIR)
     a.add_argument("--tag", default="all-small")
     a.set_defaults(func=cmd_all_small)
 
@@ -66,52 +89,41 @@ def add_bench_parser(subparsers: Any) -> None:
     _options("live").add_to(lv)
     lv.set_defaults(func=cmd_live)
 
-    from speclive_bench.speechlm import add_speechlm_bench_parser
+    speechlm.add_speechlm_bench_parser(sub)
 
-    add_speechlm_bench_parser(sub)
+    cli_asr.add_asr_bench_parser(sub)
 
-    from speclive_bench.cli_asr import add_asr_bench_parser
+    serve.add_serve_bench_parser(sub)
 
-    add_asr_bench_parser(sub)
+    reliability.add_fuzz_parser(sub)
 
-    from speclive_bench.serve import add_serve_bench_parser
+    soak.add_soak_parser(sub)
 
-    add_serve_bench_parser(sub)
+    scale.add_scale_bench_parser(sub)
 
-    from speclive_bench.reliability import add_fuzz_parser
+    turns.add_turns_bench_parser(sub)
 
-    add_fuzz_parser(sub)
 
-    from speclive_bench.soak import add_soak_parser
-
-    add_soak_parser(sub)
-
-    from speclive_bench.scale import add_scale_bench_parser
-
-    add_scale_bench_parser(sub)
-
-    from speclive_bench.turns import add_turns_bench_parser
-
-    add_turns_bench_parser(sub)
+#: the options class of each ``bench`` sub-command whose options class is its own
+_OWN_OPTIONS: dict[str, type] = {
+    "costcurve": costcurve.CostCurveOptions,
+    "retranslate": ssbd.RetranslateBenchOptions,
+    "graphs": graphs.GraphsOptions,
+    "predgen": predgen.PredGenBenchOptions,
+    "live": live.LiveBenchOptions,
+}
 
 
 def _options(command: str) -> OptionSet:
     """The option set of a ``bench`` sub-command whose options class is its own."""
-    if command == "costcurve":
-        from speclive_bench.costcurve import CostCurveOptions as cls
-    elif command == "retranslate":
-        from speclive_bench.ssbd import RetranslateBenchOptions as cls
-    elif command == "graphs":
-        from speclive_bench.graphs import GraphsOptions as cls
-    elif command == "predgen":
-        from speclive_bench.predgen import PredGenBenchOptions as cls
-    elif command == "live":
-        from speclive_bench.live import LiveBenchOptions as cls
+    defaults = {"methods": None} if command == "live" else None
+    return OptionSet(_OWN_OPTIONS[command], defaults=defaults)
 
-        return OptionSet(cls, defaults={"methods": None})
-    else:
-        raise KeyError(command)
-    return OptionSet(cls)
+
+def _refuse_dirty_results(args: argparse.Namespace) -> None:
+    """A run that writes into the committed results needs a clean tree (before any model loads)."""
+    if getattr(args, "out", None) is not None:
+        report.refuse_dirty_results(args.out)
 
 
 def _log(msg: str) -> None:
@@ -119,9 +131,6 @@ def _log(msg: str) -> None:
 
 
 def cmd_costcurve(args: argparse.Namespace) -> int:
-    from speclive.loader import load_backend
-    from speclive_bench import report
-    from speclive_bench.costcurve import curve_columns, measure_cost_curve, write_costcurve_outputs
 
     options = _options("costcurve")
     opts = options.build(args)
@@ -143,22 +152,21 @@ def cmd_costcurve(args: argparse.Namespace) -> int:
     }
     for line in report.header_lines(header):
         _log(line)
-    res = measure_cost_curve(backend, opts.ks, opts.repeats, opts.prefix, progress=True)
+    res = costcurve.measure_cost_curve(backend, opts.ks, opts.repeats, opts.prefix, progress=True)
     if opts.compare_stock_linear:
         if not (linear_info or {}).get("installed"):
             raise SystemExit(
                 f"--compare-stock-linear: no dual-layout linears on this backend ({linear_info})"
             )
-        from speclive.backends.cpu_linear import stock_linears
 
         with stock_linears(backend.model):  # type: ignore[attr-defined]
-            stock = measure_cost_curve(backend, opts.ks, opts.repeats, opts.prefix, progress=True)
+            stock = costcurve.measure_cost_curve(backend, opts.ks, opts.repeats, opts.prefix, progress=True)
         for row, srow in zip(res["rows"], stock["rows"], strict=True):
             row["stock_ms"], row["stock_ratio"] = srow["ms"], srow["ratio"]
             row["linear_speedup"] = srow["ms"] / row["ms"]
     res["header"] = header
-    paths = write_costcurve_outputs(res, opts.out, plot=opts.plot)
-    print(report.md_table(curve_columns(res["rows"]), res["rows"]))
+    paths = costcurve.write_costcurve_outputs(res, opts.out, plot=opts.plot)
+    print(report.md_table(costcurve.curve_columns(res["rows"]), res["rows"]))
     for p in paths.values():
         _log(f"wrote {p}")
     return 0
@@ -166,24 +174,22 @@ def cmd_costcurve(args: argparse.Namespace) -> int:
 
 def decode_options() -> OptionSet:
     """``bench decode``'s options: every declared ``DecodeOptions`` field but Talon's."""
-    from speclive_bench.decode import DecodeOptions
 
-    return OptionSet(DecodeOptions, skip=("datastore", "hf_peers"))
+    return OptionSet(decode.DecodeOptions, skip=("datastore", "hf_peers"))
 
 
 def talon_options() -> OptionSet:
     """``bench talon``'s options: ``DecodeOptions`` with the Talon sets and methods."""
-    from speclive_bench.decode import DecodeOptions
-    from speclive_bench.prompts import TALON_SETS
 
     fields = ("target", "backends", "device", "sets", "limit", "max_tokens", "methods", "datastore")
     fields += ("hf_peers", "out", "tag", "measure_curve", "plot", "progress")
-    return OptionSet(DecodeOptions, only=fields, defaults={"sets": TALON_SETS, "limit": 4, "methods": None})
+    return OptionSet(
+        decode.DecodeOptions, only=fields, defaults={"sets": prompts.TALON_SETS, "limit": 4, "methods": None}
+    )
 
 
 def _decode(options: OptionSet, opts: Any, words: list[str], run: Any) -> Any:
     """Resolve the default tag, write the reproducing command, run (bad settings: ConfigError)."""
-    from speclive.errors import ConfigError
 
     opts.tag = opts.resolved_tag()
     opts.command = options.command(words, opts)
@@ -194,7 +200,6 @@ def _decode(options: OptionSet, opts: Any, words: list[str], run: Any) -> Any:
 
 
 def _check_sets(sets: list[str], known: tuple[str, ...]) -> None:
-    from speclive.errors import ConfigError
 
     bad = [s for s in sets if s not in known]
     if bad:
@@ -203,14 +208,12 @@ def _check_sets(sets: list[str], known: tuple[str, ...]) -> None:
 
 def run_decode_command(opts: Any) -> int:
     """``bench decode`` on ``opts`` (``DecodeOptions``): run, write the results, print the table."""
-    from speclive_bench.decode import decode_markdown, run_decode_bench, write_decode_outputs
-    from speclive_bench.prompts import SETS
 
-    _check_sets(list(opts.sets), SETS)
+    _check_sets(list(opts.sets), prompts.SETS)
     options = decode_options()
-    result = _decode(options, opts, ["speclive", "bench", "decode"], run_decode_bench)
-    paths = write_decode_outputs(result, opts.out, opts.tag, plot=opts.plot)
-    print(decode_markdown(result))
+    result = _decode(options, opts, ["speclive", "bench", "decode"], decode.run_decode_bench)
+    paths = decode.write_decode_outputs(result, opts.out, opts.tag, plot=opts.plot)
+    print(decode.decode_markdown(result))
     for p in paths.values():
         _log(f"wrote {p}")
     return 1 if result["bugs"] else 0
@@ -221,14 +224,13 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_all_small(args: argparse.Namespace) -> int:
-    from speclive_bench.methods import LLAMACPP_PEERS, OUR_METHODS
 
     opts = decode_options().preset(
         target="smollm2-135m-instruct",
         backends=["llamacpp"],
         limit=2,
         max_tokens=32,
-        methods=[*OUR_METHODS, *LLAMACPP_PEERS],
+        methods=[*methods.OUR_METHODS, *methods.LLAMACPP_PEERS],
         out=args.out,
         tag=args.tag,
     )
@@ -236,27 +238,24 @@ def cmd_all_small(args: argparse.Namespace) -> int:
 
 
 def cmd_retranslate(args: argparse.Namespace) -> int:
-    from speclive_bench.ssbd import markdown, run_retranslate_bench, write_outputs
 
     options = _options("retranslate")
     opts = options.build(args)
     opts.tag = opts.tag or f"{opts.model}-{opts.backend}"
     opts.command = options.command(["speclive", "bench", "retranslate"], opts)
-    result = run_retranslate_bench(opts, log=_log)
-    for p in write_outputs(result, opts.out, opts.tag, plot_it=opts.plot):
+    result = ssbd.run_retranslate_bench(opts, log=_log)
+    for p in ssbd.write_outputs(result, opts.out, opts.tag, plot_it=opts.plot):
         _log(f"wrote {p}")
-    print(markdown(result))
+    print(ssbd.markdown(result))
     return 0
 
 
 def cmd_graphs(args: argparse.Namespace) -> int:
-    from speclive_bench.graphs import markdown, plot, run_graphs_bench
-    from speclive_bench.report import machine_info, write_result_files
 
     options = _options("graphs")
     opts = options.build(args)
     opts.tag = opts.tag or f"{opts.model}-{opts.device.replace(':', '')}"
-    result = run_graphs_bench(
+    result = graphs.run_graphs_bench(
         opts.model,
         opts.device,
         limit=opts.limit,
@@ -265,24 +264,21 @@ def cmd_graphs(args: argparse.Namespace) -> int:
         log=_log,
     )
     result["header"] = {
-        "machine": machine_info(),
+        "machine": report.machine_info(),
         "target": opts.model,
         "backends": "hf (eager) vs hf static cache + CUDA graphs, one copy of the weights",
         "settings": {"precision": "fp32", "device": opts.device, **result["settings"]},
         "command": options.command(["speclive", "bench", "graphs"], opts),
     }
-    for p in write_result_files(
-        result, opts.out, f"graphs-{opts.tag}", markdown, plot if opts.plot else None
+    for p in report.write_result_files(
+        result, opts.out, f"graphs-{opts.tag}", graphs.markdown, graphs.plot if opts.plot else None
     ):
         _log(f"wrote {p}")
-    print(markdown(result))
+    print(graphs.markdown(result))
     return 0
 
 
 def cmd_predgen(args: argparse.Namespace) -> int:
-    from speclive.errors import ConfigError
-    from speclive.sessions.predictive import parse_method
-    from speclive_bench.predgen import markdown, run_predgen_bench, write_outputs
 
     options = _options("predgen")
     opts = options.build(args)
@@ -293,35 +289,23 @@ def cmd_predgen(args: argparse.Namespace) -> int:
             parse_method(m)
     opts.tag = opts.tag or f"{opts.model}-{opts.backend}"
     opts.command = options.command(["speclive", "bench", "predgen"], opts)
-    result = run_predgen_bench(opts, log=_log)
-    for p in write_outputs(result, opts.out, f"predgen-{opts.tag}", plot_it=opts.plot):
+    result = predgen.run_predgen_bench(opts, log=_log)
+    for p in predgen.write_outputs(result, opts.out, f"predgen-{opts.tag}", plot_it=opts.plot):
         _log(f"wrote {p}")
-    print(markdown(result))
+    print(predgen.markdown(result))
     return 0
 
 
 def cmd_live(args: argparse.Namespace) -> int:
-    from speclive.errors import ConfigError
-    from speclive_bench.live import (
-        CHAT_METHODS,
-        TRANSLATE_METHODS,
-        VOICES,
-        _asr_variant,
-        chat_markdown,
-        run_live_chat_bench,
-        run_live_translate_bench,
-        translate_markdown,
-        write_outputs,
-    )
 
     options = _options("live")
     opts = options.build(args)
     chat = opts.pipeline == "chat"
-    opts.methods = opts.methods or list(CHAT_METHODS if chat else TRANSLATE_METHODS)
-    allowed = ("predgen", "cascade", "prefill", "preemptive") if chat else TRANSLATE_METHODS
+    opts.methods = opts.methods or list(live.CHAT_METHODS if chat else live.TRANSLATE_METHODS)
+    allowed = ("predgen", "cascade", "prefill", "preemptive") if chat else live.TRANSLATE_METHODS
     for m in opts.methods:
         try:
-            base = _asr_variant(m)[0] if chat else m
+            base = live._asr_variant(m)[0] if chat else m
         except ValueError as e:
             raise ConfigError(str(e)) from e
         if base.split(":")[0] not in allowed:
@@ -332,32 +316,33 @@ def cmd_live(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--methods must include cascade: ratios and answer identity are measured against it"
         )
-    bad = [v for v in opts.voices if v not in VOICES]
+    bad = [v for v in opts.voices if v not in live.VOICES]
     if bad:
-        raise ConfigError(f"unknown voices {bad}; known: {', '.join(VOICES)}")
+        raise ConfigError(f"unknown voices {bad}; known: {', '.join(live.VOICES)}")
     opts.tag = opts.tag or f"{opts.model}-{opts.backend}"
     opts.command = options.command(["speclive", "bench", "live"], opts)
-    result = run_live_chat_bench(opts, _log) if chat else run_live_translate_bench(opts, _log)
-    for p in write_outputs(result, opts.out, f"live-{opts.pipeline}-{opts.tag}", plot_it=opts.plot):
+    result = live.run_live_chat_bench(opts, _log) if chat else live.run_live_translate_bench(opts, _log)
+    for p in live.write_outputs(result, opts.out, f"live-{opts.pipeline}-{opts.tag}", plot_it=opts.plot):
         _log(f"wrote {p}")
-    print(chat_markdown(result) if chat else translate_markdown(result))
+    print(live.chat_markdown(result) if chat else live.translate_markdown(result))
     return 0
 
 
 def cmd_talon(args: argparse.Namespace) -> int:
-    from speclive_bench import report
-    from speclive_bench.prompts import SETS, TALON_SETS
-    from speclive_bench.talon import TALON_DEFAULT_METHODS, plot_talon, run_talon, talon_markdown
 
-    _check_sets(args.sets, (*SETS, *TALON_SETS))
+    _check_sets(args.sets, (*prompts.SETS, *prompts.TALON_SETS))
     options = talon_options()
     opts = options.build(args)
-    opts.methods = opts.methods or list(TALON_DEFAULT_METHODS)
-    result = _decode(options, opts, ["speclive", "bench", "talon"], run_talon)
+    opts.methods = opts.methods or list(talon.TALON_DEFAULT_METHODS)
+    result = _decode(options, opts, ["speclive", "bench", "talon"], talon.run_talon)
     paths = report.write_result_files(
-        result, opts.out, f"talon-{opts.tag}", talon_markdown, None if not opts.plot else plot_talon
+        result,
+        opts.out,
+        f"talon-{opts.tag}",
+        talon.talon_markdown,
+        None if not opts.plot else talon.plot_talon,
     )
-    print(talon_markdown(result))
+    print(talon.talon_markdown(result))
     for p in paths:
         print(f"wrote {p}", file=sys.stderr)
     return 0

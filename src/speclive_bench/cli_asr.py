@@ -10,7 +10,17 @@ from typing import Any
 
 from speclive.common_options import device_option, threads_option
 from speclive.options import OptionSet, option, parse_margin
-from speclive_bench import report
+from speclive_bench import asr_stream, report
+from speclive_bench.asr import (
+    clips_from,
+    librivox_clips,
+    markdown,
+    piper_clips,
+    plot,
+    run_asr_bench,
+    save_clips,
+)
+from speclive_bench.report import machine_info, provenance, write_result_files
 
 
 def _margin(flag: str, help: str) -> Any:
@@ -90,16 +100,6 @@ def add_asr_bench_parser(sub: Any) -> None:
 
 
 def cmd_asr_bench(args: argparse.Namespace) -> int:
-    from speclive_bench.asr import (
-        clips_from,
-        librivox_clips,
-        markdown,
-        piper_clips,
-        plot,
-        run_asr_bench,
-        save_clips,
-    )
-    from speclive_bench.report import machine_info, write_result_files
 
     o = OPTIONS.build(args)
     if o.save_clips is not None:
@@ -156,9 +156,6 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
 
 
 def _stream_bench(o: AsrBenchOptions) -> int:
-    from speclive_bench import asr_stream
-    from speclive_bench.asr import clips_from, librivox_clips, piper_clips
-    from speclive_bench.report import machine_info, provenance, write_result_files
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     if o.clips is not None:

@@ -25,13 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import speclive
+from speclive.loader import load_backend
+from speclive.models.resolve import resolve
 from speclive_bench.methods import local_runner
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Load, build, generate once (in this process); returns the record."""
-    from speclive.loader import load_backend
-    from speclive.models.resolve import resolve
 
     t0 = time.perf_counter()
     target = load_backend(job["target"], job["backend"])
@@ -62,7 +63,6 @@ def run_cold(job: dict[str, Any], timeout_s: float = 900.0) -> dict[str, Any]:
 
     The child's stderr (e.g. the model drafter's "off" line) is kept as ``stderr_tail``.
     """
-    import speclive
 
     env = dict(os.environ)
     src = str(Path(speclive.__file__).resolve().parents[1])

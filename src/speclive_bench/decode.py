@@ -28,7 +28,9 @@ from typing import Any
 
 from speclive.backends.base import Backend
 from speclive.common_options import max_draft_option, max_tokens_option
-from speclive.loader import BACKENDS
+from speclive.loader import BACKENDS, DEFAULT_CROSS_DRAFT, DEFAULT_DRAFT, load_backend
+from speclive.models.convert import hf_dir_for_gguf
+from speclive.models.resolve import resolve
 from speclive.options import option
 from speclive_bench import report
 from speclive_bench.coldrun import run_cold
@@ -167,8 +169,6 @@ def _build_methods(
     opts: DecodeOptions, targets: Mapping[str, Backend], log: Log
 ) -> tuple[list[Method], list[str], dict[str, Any]]:
     """Instantiate every applicable method; returns (methods, skipped reasons, model facts)."""
-    from speclive.loader import DEFAULT_CROSS_DRAFT, DEFAULT_DRAFT
-    from speclive.models.resolve import resolve
 
     wanted = list(dict.fromkeys(opts.methods))
     unknown = [m for m in wanted if method_base(m) not in ALL_METHODS + TALON_METHODS]
@@ -230,7 +230,6 @@ def _build_methods(
         elif ref.gguf is None:
             skip("vllm-*", "the target has no GGUF to convert to an HF folder")
         else:
-            from speclive.models.convert import hf_dir_for_gguf
 
             def hf_dir(name: str) -> Path:
                 r = resolve(name)
@@ -283,7 +282,6 @@ def run_decode_bench(
     """Run the decode benchmark described by ``opts``; returns the full result (see module doc).
     ``load_avg_start``: the machine's load average read before the caller loaded anything (by
     default it is read here, before the models load)."""
-    from speclive.loader import load_backend
 
     if load_avg_start is None:
         load_avg_start = report.load_avg()

@@ -40,6 +40,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from speclive.server.audio import pcm16, resample
+
 #: close codes a server may end a connection with after bad input (1000 normal, 1008 policy:
 #: auth or a client that stopped reading, 1009 frame too big, 1013 server full)
 CLEAN_CLOSES = frozenset({1000, 1008, 1009, 1013})
@@ -206,7 +208,6 @@ def _strategies(speech: np.ndarray | None):
 
 
 def _speech_chunks(speech: np.ndarray, rate: int = 24_000, chunk_s: float = 0.1) -> list[str]:
-    from speclive.server.audio import pcm16, resample
 
     x = resample(speech, 16_000, rate)
     n = int(rate * chunk_s)

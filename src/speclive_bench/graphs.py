@@ -21,11 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from speclive.backends.hf import HFBackend
+from speclive.backends.hf_static import StaticHFBackend
 from speclive.common_options import device_option, max_tokens_option, model_option
+from speclive.decoder import GenerationConfig, SpeculativeDecoder
+from speclive.drafting.ngram import NgramDrafter
+from speclive.loader import load_backend
 from speclive.options import option
 from speclive_bench.costcurve import curve_tokens
 from speclive_bench.datasets import chat_messages
 from speclive_bench.prompts import load_prompts
+from speclive_bench.reference import greedy_reference
 from speclive_bench.report import _pyplot, markdown_preamble, md_table, out_option, plot_option
 
 METHODS = ("eager AR", "graphs AR", "eager ngram", "graphs ngram")
@@ -33,9 +39,6 @@ METHODS = ("eager AR", "graphs AR", "eager ngram", "graphs ngram")
 
 def backends_pair(model: str, device: str) -> tuple[Any, Any]:
     """(eager, static) backends on one copy of ``model``'s weights on ``device``."""
-    from speclive.backends.hf import HFBackend
-    from speclive.backends.hf_static import StaticHFBackend
-    from speclive.loader import load_backend
 
     base = load_backend(model, "hf", device=device)
     static = (
@@ -100,9 +103,6 @@ def run_graphs_bench(
     repeats: int = 7,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    from speclive.decoder import GenerationConfig, SpeculativeDecoder
-    from speclive.drafting.ngram import NgramDrafter
-    from speclive_bench.reference import greedy_reference
 
     eager, static = backends_pair(model, device)
     pair = {"eager": eager, "graphs": static}

@@ -20,6 +20,9 @@ from pathlib import Path
 import httpx
 
 from speclive.errors import EngineUnavailableError
+from speclive.models.convert import hf_dir_for_gguf
+from speclive.models.resolve import resolve
+from speclive_bench.peers import vllm_python
 
 
 def free_port() -> int:
@@ -33,8 +36,6 @@ def model_dir(model: str) -> Path:
     p = Path(model).expanduser()
     if p.is_dir():
         return p
-    from speclive.models.convert import hf_dir_for_gguf
-    from speclive.models.resolve import resolve
 
     ref = resolve(model)
     if ref.gguf is not None:
@@ -60,7 +61,6 @@ class VLLMServer:
         extra: list[str] | None = None,
         log: Path | None = None,
     ):
-        from speclive_bench.peers import vllm_python
 
         py = python or vllm_python()
         if py is None:

@@ -30,8 +30,18 @@ from typing import Any
 
 import numpy as np
 
+from speclive.asr.audio import SAMPLE_RATE, to_mono_16k
 from speclive.common_options import backend_option, max_tokens_option, model_option
+from speclive.live.build import LiveModelsConfig, load_live_models, make_pipeline
+from speclive.live.clock import VirtualClock, play
+from speclive.live.vad import TurnConfig
 from speclive.options import option
+from speclive.sessions.metrics import normalized_erasure
+from speclive.sessions.predictive import SYSTEM_PROMPT, PredGenConfig, chat_prompt
+from speclive.sessions.retranslate import RetranslateConfig
+from speclive.sessions.simulate import split_sentences
+from speclive.tts.espeak import EspeakTTS
+from speclive.tts.piper import PiperTTS
 from speclive_bench import report
 from speclive_bench.asr_stream import paired_ratio, ratio_text
 from speclive_bench.datasets import mtbench_questions
@@ -89,12 +99,8 @@ class LiveBenchOptions:
 # ---- spoken material ----------------------------------------------------------------------
 def _voice(name: str):
     if name == "piper":
-        from speclive.tts.piper import PiperTTS
-
         return PiperTTS()
     if name == "espeak":
-        from speclive.tts.espeak import EspeakTTS
-
         return EspeakTTS()
     raise ValueError(f"unknown voice {name!r}; known: {', '.join(VOICES)}")
 
@@ -133,8 +139,6 @@ def speak(
     """``text`` spoken by ``tts`` at 16 kHz: each sentence synthesized on its own, its silences
     trimmed, joined by ``sentence_gap_s`` (a voice's own sentence pauses vary and can be longer
     than an end-of-turn silence); optionally a ``pause_s`` pause inside the middle sentence."""
-    from speclive.asr.audio import SAMPLE_RATE, to_mono_16k
-    from speclive.sessions.simulate import split_sentences
 
     sentences = split_sentences(text) or [text]
     pieces: list[tuple[str, float]] = []  # (text, silence after it)
@@ -237,11 +241,6 @@ def _mode_and_verifier(method: str) -> tuple[str, str]:
 
 def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     from tqdm import tqdm
-
-    from speclive.live.build import LiveModelsConfig, load_live_models, make_pipeline
-    from speclive.live.clock import VirtualClock, play
-    from speclive.live.vad import TurnConfig
-    from speclive.sessions.predictive import PredGenConfig
 
     load_avg_start = report.load_avg()  # before the models load
     models = load_live_models(
@@ -384,7 +383,6 @@ def check_identity(records: list[dict[str, Any]], backend) -> None:
     """Every greedy method's answer against the cascade's for the same sample, where the final
     transcripts match: identical, a near-tie of the backend (plain AR's top-2 logit gap at the
     first difference below ``report.NEAR_TIE_GAP``), or a BUG."""
-    from speclive.sessions.predictive import SYSTEM_PROMPT, chat_prompt
 
     base = {(r["id"], r["voice"]): r for r in records if r["method"] == "cascade" and "token_ids" in r}
     for r in records:
@@ -625,12 +623,6 @@ def translate_utterances(limit: int) -> list[str]:
 
 def run_live_translate_bench(opts: LiveBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     from tqdm import tqdm
-
-    from speclive.live.build import LiveModelsConfig, load_live_models, make_pipeline
-    from speclive.live.clock import VirtualClock, play
-    from speclive.live.vad import TurnConfig
-    from speclive.sessions.metrics import normalized_erasure
-    from speclive.sessions.retranslate import RetranslateConfig
 
     load_avg_start = report.load_avg()  # before the models load
     models = load_live_models(

@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from speclive.backends.base import Backend
+from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder
 from speclive.drafting.asyncdraft import AsyncHybridDrafter
+from speclive.knowledge import KnowledgeStore
+from speclive.loader import DEFAULT_CROSS_DRAFT, DEFAULT_DRAFT, load_backend, make_drafter
 from speclive_bench.peers import (
     LLAMACPP_PLD,
     VLLM_METHODS,
@@ -71,7 +74,6 @@ class OurRunner:
         datastore: str | None = None,
         knowledge_dir: Path | None = None,
     ):
-        from speclive.loader import make_drafter
 
         self.target = target
         self.drafter_name = drafter_name
@@ -83,13 +85,10 @@ class OurRunner:
         #: saved knowledge (``speclive.knowledge``) in this directory: loaded once, saved per run
         self.knowledge = None
         if knowledge_dir is not None and self.drafter is not None:
-            from speclive.knowledge import KnowledgeStore
-
             self.knowledge = KnowledgeStore(target, self.drafter, drafter_name, directory=knowledge_dir)
             self.knowledge.load()
 
     def run(self, prompt_ids: Sequence[int], max_tokens: int) -> dict[str, Any]:
-        from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder
 
         dec = SpeculativeDecoder(self.target, self.drafter)
         if self.knowledge is not None:
@@ -178,7 +177,6 @@ def local_runner(
     backend; a str says why it does not apply). ``ref``: the target's resolved model;
     ``max_draft``/``datastore``: of our drafters; ``knowledge_dir``: our drafters load and save
     their knowledge there (``--cold``)."""
-    from speclive.loader import DEFAULT_CROSS_DRAFT, DEFAULT_DRAFT, load_backend
 
     if (name in LLAMACPP_PEERS and backend != "llamacpp") or (name in HF_PEERS and backend != "hf"):
         return None

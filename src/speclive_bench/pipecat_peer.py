@@ -46,6 +46,7 @@ from typing import Any
 
 from speclive.errors import ConfigError, EngineUnavailableError
 from speclive.models.install import speclive_home
+from speclive.models.resolve import resolve
 from speclive_bench.launch import free_port
 
 PIPECAT_VERSION = "1.14.0"
@@ -156,7 +157,6 @@ def model_files(
     llm: str = DEFAULT_LLM, asr: str = DEFAULT_ASR, voice: str = DEFAULT_VOICE
 ) -> dict[str, Path]:
     """The local files of the models speclive uses: the GGUF, the Whisper CT2 folder, the voice."""
-    from speclive.models.resolve import resolve
 
     llm_ref = resolve(llm)
     if llm_ref.gguf is None:

@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from speclive.common_options import backend_option, max_tokens_option, model_option
+from speclive.decoder import GenerationConfig, SpeculativeDecoder
+from speclive.loader import load_backend, make_drafter
+from speclive.models.install import install, installed_path
 from speclive.options import option
+from speclive.sessions.predictive import PredictiveResponder, chat_prompt, parse_method
+from speclive.sessions.simulate import simulate_user
+from speclive.tts.piper import PiperTTS
 from speclive_bench import report
 from speclive_bench.datasets import mtbench_questions
 from speclive_bench.exactness import ar_logit_gap, first_divergence
@@ -76,7 +82,6 @@ def _spread(n: int, limit: int | None) -> list[int]:
 
 
 def _judge_prompt() -> dict[str, str]:
-    from speclive.models.install import install, installed_path
 
     install("mt-bench", progress=False)
     path = installed_path("mt-bench", "judge_prompts.jsonl")
@@ -97,8 +102,6 @@ class Judge:
     """
 
     def __init__(self, model: str, backend: str, max_tokens: int = 256, explain_tokens: int = 128):
-        from speclive.decoder import GenerationConfig, SpeculativeDecoder
-        from speclive.loader import load_backend, make_drafter
 
         self.backend = load_backend(model, backend)
         self.decoder = SpeculativeDecoder(self.backend, make_drafter("ngram", self.backend))
@@ -148,16 +151,10 @@ def _parse_rating(text: str) -> float | None:
 def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from speclive.loader import load_backend
-    from speclive.sessions.predictive import PredictiveResponder, parse_method
-    from speclive.sessions.simulate import simulate_user
-
     load_avg_start = report.load_avg()  # before the models load
     backend = load_backend(opts.model, opts.backend, device=opts.device)
     tts = None
     if opts.tts:
-        from speclive.tts.piper import PiperTTS
-
         tts = PiperTTS()
         tts.synthesize("Warm up.")
     q1, q2 = mtbench_questions(1), mtbench_questions(2)
@@ -257,7 +254,6 @@ def turn2_history(question: str, answer: str) -> list[dict[str, str]]:
 
 
 def _is_greedy(method: str) -> bool:
-    from speclive.sessions.predictive import parse_method
 
     return method != "baseline" and parse_method(method)[0] == "greedy"
 
@@ -273,7 +269,6 @@ def check_greedy_exactness(
     verification pass vs a one-token step); a larger gap is a BUG (a wrong mask, position or
     cache reuse). Marks ``rec["divergence"]``; returns the divergences.
     """
-    from speclive.sessions.predictive import chat_prompt
 
     base = {(r["id"], r["turn"]): r for r in records if r["method"] == "baseline"}
     found = []

@@ -22,8 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from speclive.asr.transcribe import TranscribeConfig, Transcriber
 from speclive.common_options import asr_model_option, model_option
+from speclive.loader import load_backend
 from speclive.options import OptionSet, option
+from speclive.server.app import create_app
+from speclive.server.audio import resample
+from speclive.server.config import ServerConfig
+from speclive.server.inproc import serve_in_thread
+from speclive.tts.piper import PiperTTS
 from speclive_bench import report
 from speclive_bench.fuzz import fuzz_rest
 from speclive_bench.fuzz_realtime import fuzz_realtime
@@ -67,11 +74,6 @@ def add_fuzz_parser(sub: Any) -> None:
 
 
 def _server(opts: FuzzOptions, key: str):
-    from speclive.asr.transcribe import TranscribeConfig, Transcriber
-    from speclive.loader import load_backend
-    from speclive.server.app import create_app
-    from speclive.server.config import ServerConfig
-    from speclive.tts.piper import PiperTTS
 
     # limits small enough that the fuzzer reaches each of them in seconds
     config = ServerConfig(
@@ -99,8 +101,6 @@ def _server(opts: FuzzOptions, key: str):
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from speclive.server.audio import resample
-    from speclive.server.inproc import serve_in_thread
 
     opts = OPTIONS.build(args)
     key = "fuzz-bench-key"

@@ -26,6 +26,7 @@ from speclive.backends.base import NEAR_TIE_GAP as NEAR_TIE_GAP
 
 # a divergence from AR at a reference top-2 logit gap below NEAR_TIE_GAP is a near-tie flip
 from speclive.common_options import device_option
+from speclive.errors import ConfigError
 from speclive.options import option
 from speclive.sysinfo import cpu_detail, cpu_model
 
@@ -215,8 +216,6 @@ def refuse_dirty_results(out: Path | str) -> None:
         return
     commit, dirty = git_state()
     if dirty:
-        from speclive.errors import ConfigError
-
         raise ConfigError(
             f"{out} holds the project's quoted results and the code at {commit} has uncommitted "
             "changes: commit them first, or write elsewhere with --out DIR"

@@ -37,9 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from speclive.common_options import model_option, vllm_urls_option
+from speclive.engines.vllm import connect
+from speclive.errors import ConfigError
 from speclive.options import OptionSet, option
+from speclive.sessions.predictive import PredictiveResponder
+from speclive.sessions.retranslate import ReTranslator
+from speclive.sessions.simulate import lag_k_prefixes, split_sentences, word_arrivals
 from speclive_bench import report
 from speclive_bench.datasets import mtbench_questions
+from speclive_bench.launch import VLLMServer
 
 #: words of a voice-chat question (shorter ones are over before speculation can help)
 Q_MIN_WORDS, Q_MAX_WORDS = 8, 22
@@ -85,7 +91,6 @@ OPTIONS = OptionSet(ScaleBenchOptions)
 
 
 def _sentences(n_min: int, n_max: int) -> list[str]:
-    from speclive.sessions.simulate import split_sentences
 
     pool: list[str] = []
     for q in mtbench_questions():
@@ -120,8 +125,6 @@ def _run_threads(fns: list[Callable[[], dict]]) -> list[dict]:
 
 # --------------------------------------------------------------------------- re-translation
 def _retranslate_stream(engine: Any, method: str, sentence: str, opts: ScaleBenchOptions) -> dict:
-    from speclive.sessions.retranslate import ReTranslator
-    from speclive.sessions.simulate import lag_k_prefixes
 
     kw: dict[str, Any] = {"target_lang": opts.target_lang, "max_tokens": opts.ssbd_max_tokens, "mask_k": 0}
     if method == "ar":
@@ -148,8 +151,6 @@ def _retranslate_stream(engine: Any, method: str, sentence: str, opts: ScaleBenc
 # --------------------------------------------------------------------------- voice chat
 def _chat_turn(engine: Any, method: str, question: str, opts: ScaleBenchOptions) -> dict:
     """A user speaking ``question`` on the wall clock, then the answer's first sentence."""
-    from speclive.sessions.predictive import PredictiveResponder
-    from speclive.sessions.simulate import word_arrivals
 
     mode = "predgen" if method == "predgen" else "prefill"
     s = PredictiveResponder(engine, mode=mode, verifier="greedy", max_tokens=opts.chat_max_tokens)
@@ -210,7 +211,6 @@ def run_scale_bench(
     opts: ScaleBenchOptions, log: Callable[[str], None] = print, engine: Any = None
 ) -> dict[str, Any]:
     """Run every cell (workload x sessions x method) for ``opts.rounds`` rounds."""
-    from speclive.errors import ConfigError
 
     bad = [w for w in opts.workloads if w not in ("retranslate", "chat")]
     if bad:
@@ -221,12 +221,8 @@ def run_scale_bench(
     header: dict[str, Any] = {"machine": report.machine_info(), "command": opts.command}
     try:
         if engine is None:
-            from speclive.engines.vllm import connect
-
             urls = list(opts.vllm_urls)
             if not urls:
-                from speclive_bench.launch import VLLMServer
-
                 log(f"starting vllm serve for {opts.model} (torch.compile warm-up takes minutes) ...")
                 server = VLLMServer(opts.model, enforce_eager=opts.enforce_eager, kv_cache_gb=2).start()
                 log(f"vllm serve up in {server.startup_s:.0f} s at {server.url}")

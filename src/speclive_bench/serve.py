@@ -42,10 +42,13 @@ import httpx
 import numpy as np
 
 from speclive.common_options import drafter_option, max_tokens_option, model_option, threads_option
+from speclive.errors import ConfigError
 from speclive.loader import DEFAULT_MODEL
+from speclive.models.resolve import resolve
 from speclive.options import OptionSet, option
 from speclive.server.config import SERVE_OPTIONS
 from speclive.server.inproc import free_port
+from speclive.tts.piper import PiperTTS
 from speclive_bench import datasets, report
 from speclive_bench.live import chat_questions, speak
 
@@ -356,7 +359,6 @@ def _sessions_at_once(
 def _voice_phase(url: str, opts: ServeBenchOptions, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Spoken MT-Bench questions (Piper) through the WebSocket, PredGen and the cascade
     alternating, at each concurrency (that many sessions at once, different questions)."""
-    from speclive.tts.piper import PiperTTS
 
     tts = PiperTTS()
     spoken = []
@@ -379,8 +381,6 @@ def _voice_phase(url: str, opts: ServeBenchOptions, log: Callable[[str], None]) 
 
 def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict[str, Any]:
     from llama_cpp import Llama
-
-    from speclive.models.resolve import resolve
 
     gguf = resolve(opts.model).gguf
     if gguf is None:
@@ -668,7 +668,6 @@ def add_serve_bench_parser(sub: Any) -> None:
 
 
 def _prompt_sets(names: list[str], limit: int) -> dict[str, list[str]]:
-    from speclive.errors import ConfigError
 
     out: dict[str, list[str]] = {}
     for name in names:

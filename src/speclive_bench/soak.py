@@ -32,7 +32,10 @@ import numpy as np
 
 from speclive.common_options import asr_draft_option, asr_model_option, model_option
 from speclive.options import OptionSet, option
+from speclive.server.audio import resample
 from speclive.server.config import SERVE_OPTIONS
+from speclive.server.inproc import free_port
+from speclive.tts.piper import PiperTTS
 from speclive_bench import report
 from speclive_bench.fuzz_realtime import scrape
 from speclive_bench.serve import start_server, stop_server
@@ -107,8 +110,6 @@ def closest_question(transcript: str, questions: tuple[str, ...]) -> int:
 
 def _spoken(questions: tuple[str, ...], voice: str) -> list[np.ndarray]:
     """Each question spoken by Piper, 16 kHz, with 1.5 s of silence after it."""
-    from speclive.server.audio import resample
-    from speclive.tts.piper import PiperTTS
 
     tts = PiperTTS(voice)
     out = []
@@ -248,7 +249,6 @@ class _Chat(threading.Thread):
 
 def run_soak(opts: SoakOptions) -> dict[str, Any]:
     """Start the server, run the sessions and chat clients for ``opts.minutes``, summarize."""
-    from speclive.server.inproc import free_port
 
     load_avg_start = report.load_avg()  # before the server loads its models
     key = "soak-key"

@@ -28,7 +28,12 @@ from typing import Any
 import torch
 
 from speclive.common_options import threads_option
+from speclive.errors import ConfigError
 from speclive.options import OptionSet, option
+from speclive.speechlm import EngineCore, SamplingParams, SchedulerConfig, SpeechLM, SpeechLMConfig
+from speclive.speechlm.delay import interleave
+from speclive.speechlm.reference import reference_generate
+from speclive.speechlm.vocab import encode_text
 from speclive_bench import report
 
 
@@ -74,7 +79,6 @@ def _prompts(n: int, length: int, seed: int) -> list[str]:
 
 
 def _params(o: SpeechLMBenchOptions, seed: int, cfg: float | None):
-    from speclive.speechlm import SamplingParams
 
     return SamplingParams(
         mode="text_audio",
@@ -87,8 +91,6 @@ def _params(o: SpeechLMBenchOptions, seed: int, cfg: float | None):
 
 
 def run_sequential(model, o: SpeechLMBenchOptions) -> dict[str, Any]:
-    from speclive.speechlm.reference import reference_generate
-    from speclive.speechlm.vocab import encode_text
 
     toks = pre = dec_s = pre_s = 0.0
     for i, text in enumerate(_prompts(o.seq_requests, o.prompt_len, 1)):
@@ -102,8 +104,6 @@ def run_sequential(model, o: SpeechLMBenchOptions) -> dict[str, Any]:
 
 def run_engine(model, o: SpeechLMBenchOptions, n_plain: int, n_cfg: int, seed: int = 0) -> dict[str, Any]:
     """All requests arrive at once; returns token rates from the engine's per-step stats."""
-    from speclive.speechlm import EngineCore, SchedulerConfig
-    from speclive.speechlm.vocab import encode_text
 
     n = n_plain + n_cfg
     cfg = SchedulerConfig(max_num_seqs=max(2, n_plain + 2 * n_cfg), token_budget=o.token_budget)
@@ -145,9 +145,6 @@ def _median_run(fn: Callable[[], dict[str, Any]], repeats: int, key: str) -> dic
 
 def run_exactness(model, o: SpeechLMBenchOptions) -> dict[str, Any]:
     """Engine vs reference on mixed requests: identical tokens? logit RMSE (paper Table 2)."""
-    from speclive.speechlm import EngineCore, SamplingParams, SchedulerConfig
-    from speclive.speechlm.reference import reference_generate
-    from speclive.speechlm.vocab import encode_text
 
     core = EngineCore(model, None, SchedulerConfig(token_budget=64), record_logits=True)
     work = []
@@ -171,14 +168,12 @@ def run_exactness(model, o: SpeechLMBenchOptions) -> dict[str, Any]:
 def run_musicgen_exactness(o: SpeechLMBenchOptions, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Tiny random MusicGen through the engine vs transformers (greedy): ``generate(guidance_scale)``
     unconditioned, and a loop over its forward for conditioned CFG."""
-    try:
+    try:  # lazy: MusicGen needs a transformers build with it; the comparison is skipped without
         from speclive.speechlm import musicgen as mg
     except ImportError as e:  # pragma: no cover
         log(f"MusicGen comparison skipped: {e}")
         return []
     from types import SimpleNamespace
-
-    from speclive.speechlm import EngineCore, SamplingParams, SchedulerConfig
 
     hf = mg.tiny_musicgen()
     ad = mg.MusicgenAdapter(hf)
@@ -210,7 +205,6 @@ def run_musicgen_exactness(o: SpeechLMBenchOptions, log: Callable[[str], None]) 
 
 
 def _delayed_rows(codes: torch.Tensor) -> list[list[int | None]]:
-    from speclive.speechlm.delay import interleave
 
     grid = interleave(codes, -1).tolist()
     return [[None if c == -1 else c for c in r] for r in grid]
@@ -243,7 +237,6 @@ def compare_runs(pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
 
 
 def run_speechlm_bench(o: SpeechLMBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-    from speclive.speechlm import SpeechLM, SpeechLMConfig
 
     load_avg_start = report.load_avg()  # before the model is built
     torch.set_num_threads(o.threads)
@@ -454,8 +447,6 @@ def add_speechlm_bench_parser(sub: Any) -> None:
 
 def cmd_speechlm(args: Any) -> int:
     import sys
-
-    from speclive.errors import ConfigError
 
     options = OptionSet(SpeechLMBenchOptions)
     o = options.build(args)

@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from speclive.common_options import backend_option, max_tokens_option, model_option
+from speclive.loader import load_backend
 from speclive.options import option
+from speclive.sessions.retranslate import ReTranslator
+from speclive.sessions.simulate import lag_k_prefixes, split_sentences
 from speclive_bench import report
 from speclive_bench.datasets import mtbench_questions
 
@@ -57,7 +60,6 @@ class RetranslateBenchOptions:
 
 def bench_sentences(limit: int) -> list[str]:
     """English source sentences: MT-Bench first-turn questions split into sentences."""
-    from speclive.sessions.simulate import split_sentences
 
     pool: list[str] = []
     for q in mtbench_questions():
@@ -118,10 +120,6 @@ def run_retranslate_bench(
     opts: RetranslateBenchOptions, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     from tqdm import tqdm
-
-    from speclive.loader import load_backend
-    from speclive.sessions.retranslate import ReTranslator
-    from speclive.sessions.simulate import lag_k_prefixes
 
     load_avg_start = report.load_avg()  # before the model loads
     backend = load_backend(opts.model, opts.backend, device=opts.device)

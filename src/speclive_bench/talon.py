@@ -33,6 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from speclive.drafting.datastore import SuffixDatastore
+from speclive.errors import ConfigError
+from speclive.loader import load_backend, make_drafter, tokenizer_for
+from speclive.models.resolve import resolve
 from speclive_bench import report
 from speclive_bench.decode import SUMMARY_COLUMNS, run_decode_bench
 from speclive_bench.methods import method_base
@@ -57,7 +61,6 @@ def lookup_timing(
     records: Sequence[Mapping[str, Any]], target: Any, datastore: str | None, t1_ms: float | None
 ) -> dict[str, Any]:
     """Time the suffix drafter's retrieval over every decode position of the AR outputs."""
-    from speclive.loader import make_drafter
 
     drafter = make_drafter("suffix", target, datastore=datastore)
     times: list[float] = []
@@ -195,7 +198,6 @@ def prompts_in_datastore(
     the corpus; a few tokens are skipped at both ends, where tokenization depends on what
     precedes the text.
     """
-    from speclive.drafting.datastore import SuffixDatastore
 
     ds = SuffixDatastore.load(path, tokenizer)
     hits: list[str] = []
@@ -350,7 +352,6 @@ def plot_talon(path: Path, result: Mapping[str, Any]) -> Path:
 def run_talon(opts: Any) -> dict[str, Any]:
     """Run the decode benchmark with the Talon sets/methods and add the Talon extras
     (``opts``: ``DecodeOptions``; ``hf_peers`` adds transformers' generate and assisted)."""
-    from speclive.loader import load_backend
 
     load_avg_start = report.load_avg()  # before the datastore and the models load
     if opts.hf_peers and "hf" not in opts.backends:
@@ -363,15 +364,10 @@ def run_talon(opts: Any) -> dict[str, Any]:
     prompts = [p for s in opts.sets for p in load_prompts(s, opts.limit)]
     facts = datastore_facts(opts.datastore, prompts)
     if opts.datastore:
-        from speclive.loader import tokenizer_for
-        from speclive.models.resolve import resolve
-
         found = prompts_in_datastore(opts.datastore, prompts, tokenizer_for(resolve(opts.target)))
         facts["prompts_in_corpus"] = found
         leaked = sorted({*facts.get("overlap_with_benchmark", []), *found})
         if leaked:
-            from speclive.errors import ConfigError
-
             raise ConfigError(
                 f"the datastore {opts.datastore} holds benchmark prompts or the model's answers to "
                 f"them ({', '.join(leaked)}): retrieval would copy them. Rebuild it with "

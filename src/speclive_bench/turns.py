@@ -47,8 +47,14 @@ from typing import Any
 import numpy as np
 
 from speclive.common_options import backend_option, max_tokens_option, model_option
+from speclive.live.build import LiveModelsConfig, load_live_models, make_pipeline
+from speclive.live.clock import VirtualClock, play
+from speclive.live.turnpolicy import KINDS, TurnPolicy, TurnPolicyConfig, TurnSignals
 from speclive.live.turnpolicy import TEXT_WEIGHT as FUSED_W
+from speclive.live.vad import StreamingVAD, TurnConfig, TurnDetector
+from speclive.live.voicechat import voice_predgen
 from speclive.options import OptionSet, option
+from speclive.sessions.predictive import PredGenConfig, PredictiveResponder, chat_prompt
 from speclive_bench import report
 from speclive_bench.asr_stream import paired_ratio, ratio_text
 from speclive_bench.exactness import ar_logit_gap, first_divergence
@@ -132,7 +138,6 @@ def vad_pauses(audio: np.ndarray, min_silence_s: float = 0.1) -> list[dict[str, 
     ``speech_end`` (the VAD's end of the speech before it), ``at`` (when the pause was reported),
     ``resume`` (when the voice came back; None after the last speech), ``start`` (the turn's
     start)."""
-    from speclive.live.vad import StreamingVAD, TurnConfig, TurnDetector
 
     det = TurnDetector(TurnConfig(pause_s=min_silence_s, end_s=60.0, max_turn_s=600.0))
     out: list[dict[str, Any]] = []
@@ -165,8 +170,6 @@ def collect_signals(
     """Stage 1: one row per VAD pause of every turn (module docstring); ``limit``: the first
     conversations of each split only (0: all)."""
     from tqdm import tqdm
-
-    from speclive.sessions.predictive import PredGenConfig, PredictiveResponder
 
     pcfg = voice_config(32)
     rows: list[dict[str, Any]] = []
@@ -246,14 +249,12 @@ def rescore(rows: Sequence[dict[str, Any]], manifest: dict[str, Any]) -> list[di
 
 def voice_config(max_tokens: int):
     """The voice chat's PredGen settings, with the benchmark's answer length."""
-    from speclive.live.voicechat import voice_predgen
 
     return voice_predgen(max_tokens=max_tokens, speak_rest=False)
 
 
 # ---- the sweep -------------------------------------------------------------------------------
 def _policy(kind: str, threshold: float, max_silence: float, w: float = 0.5):
-    from speclive.live.turnpolicy import TurnPolicy, TurnPolicyConfig
 
     return TurnPolicy(
         TurnPolicyConfig(kind=kind, threshold=threshold, max_silence_s=max_silence, text_weight=w)
@@ -263,7 +264,6 @@ def _policy(kind: str, threshold: float, max_silence: float, w: float = 0.5):
 def evaluate(rows: Sequence[dict[str, Any]], policy, text_key: str = "text_p") -> dict[str, Any]:
     """One policy on the pause rows: false cut-offs (long mid pauses, and every mid pause) and
     the silence waited after the true end (VAD lag + the silence the policy needs)."""
-    from speclive.live.turnpolicy import TurnSignals
 
     long_mid = cut_long = mid = cut = 0
     waits: list[float] = []
@@ -359,8 +359,6 @@ def calibrate(dev: Sequence[dict[str, Any]], test: Sequence[dict[str, Any]]) -> 
 # ---- stage 2: live ---------------------------------------------------------------------------
 def _policy_config(name: str, eagerness: str):
     """``(turn_detection, TurnConfig or None, TurnPolicyConfig or None)`` for a live policy name."""
-    from speclive.live.turnpolicy import KINDS, TurnPolicyConfig
-    from speclive.live.vad import TurnConfig
 
     if name.startswith("silence:"):
         end = float(name.split(":", 1)[1])
@@ -430,8 +428,6 @@ def score_turn(
 
 
 def run_conversation(models, conv, policy: str, method: str, opts: TurnsBenchOptions) -> list[dict[str, Any]]:
-    from speclive.live.build import make_pipeline
-    from speclive.live.clock import VirtualClock, play
 
     detection, turn_cfg, pol = _policy_config(policy, opts.eagerness)
     pipe = make_pipeline(
@@ -501,7 +497,6 @@ def reference_answers(models, records: list[dict[str, Any]], max_tokens: int, lo
     """The cascade's greedy answer to each record's final transcript and history; each record
     gets ``identity``: identical, near-tie (plain AR's top-2 logit gap at the first difference
     below ``report.NEAR_TIE_GAP``) or BUG."""
-    from speclive.sessions.predictive import PredictiveResponder, chat_prompt
 
     pcfg = voice_config(max_tokens)
     cache: dict[str, Any] = {}
@@ -606,8 +601,6 @@ def live_configs(opts: TurnsBenchOptions) -> list[tuple[str, str]]:
 
 def run_turns_bench(opts: TurnsBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     from tqdm import tqdm
-
-    from speclive.live.build import LiveModelsConfig, load_live_models
 
     load_avg_start = report.load_avg()
     prov = report.provenance(opts.command)

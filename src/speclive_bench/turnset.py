@@ -47,6 +47,12 @@ from typing import Any
 
 import numpy as np
 
+from speclive.asr.audio import to_mono_16k
+from speclive.errors import BackendUnavailableError
+from speclive.models.install import speclive_home
+from speclive.tts.espeak import EspeakTTS
+from speclive.tts.piper import PiperTTS
+
 VERSION = 1
 SAMPLE_RATE = 16_000
 NAME = "turnset-v1"
@@ -293,7 +299,6 @@ def fingerprint(plan: list[dict[str, Any]]) -> str:
 
 # ---- voices -----------------------------------------------------------------------------------
 def _piper() -> Synth:
-    from speclive.tts.piper import PiperTTS
 
     tts = PiperTTS(varied=False)
 
@@ -305,7 +310,6 @@ def _piper() -> Synth:
 
 
 def _espeak() -> Synth:
-    from speclive.tts.espeak import EspeakTTS
 
     voices: dict[int, EspeakTTS] = {}
 
@@ -321,8 +325,6 @@ def _espeak() -> Synth:
 def _flite(voice: str = "slt") -> Synth:
     exe = shutil.which("flite")
     if exe is None:
-        from speclive.errors import BackendUnavailableError
-
         raise BackendUnavailableError("flite is not installed (Debian: apt-get install flite)")
 
     def synth(text: str, rate: float) -> tuple[np.ndarray, int]:
@@ -393,7 +395,6 @@ def _inner_silences(audio: np.ndarray, min_s: float = MIN_PAUSE_S) -> list[tuple
 
 
 def _to_16k(samples: np.ndarray, sample_rate: int) -> np.ndarray:
-    from speclive.asr.audio import to_mono_16k
 
     return to_mono_16k(np.asarray(samples, dtype=np.float32), sample_rate)
 
@@ -472,7 +473,6 @@ def assemble(turn: dict[str, Any], synth: Synth, seed: int) -> tuple[np.ndarray,
 
 # ---- the set ----------------------------------------------------------------------------------
 def default_root() -> Path:
-    from speclive.models.install import speclive_home
 
     return speclive_home() / NAME
 

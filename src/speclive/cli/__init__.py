@@ -23,28 +23,43 @@ from __future__ import annotations
 import argparse
 import sys
 
+from speclive.cli.asr import add_transcribe_parser
+from speclive.cli.datastore import add_datastore_parser
+from speclive.cli.demo import add_demo_parser
+from speclive.cli.generate import add_generate_parser
+from speclive.cli.knowledge import add_knowledge_parser
+from speclive.cli.live import add_live_parser
+from speclive.cli.models import add_models_parser
+from speclive.cli.serve import add_serve_parser
+from speclive.cli.sessions import add_predgen_parser, add_retranslate_parser
+from speclive.cli.speechlm import add_speechlm_parser
 from speclive.errors import SpecliveError
 
 
-def main(argv: list[str] | None = None) -> int:
-    from speclive.cli.asr import add_transcribe_parser
-    from speclive.cli.datastore import add_datastore_parser
-    from speclive.cli.demo import add_demo_parser
-    from speclive.cli.generate import add_generate_parser
-    from speclive.cli.knowledge import add_knowledge_parser
-    from speclive.cli.live import add_live_parser
-    from speclive.cli.models import add_models_parser
-    from speclive.cli.serve import add_serve_parser
-    from speclive.cli.sessions import add_predgen_parser, add_retranslate_parser
-    from speclive.cli.speechlm import add_speechlm_parser
-    from speclive_bench.cli import add_bench_parser
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """``speclive bench``, from the ``speclive_bench`` package when its dependencies are there."""
+    try:  # lazy: the benchmarks need the 'bench' and 'serve' extras; the product commands do not
+        from speclive_bench.cli import add_bench_parser
+    except ImportError as e:
+        missing = str(e)
 
+        def unavailable(args: argparse.Namespace) -> int:
+            raise SpecliveError(f"speclive bench needs the 'bench' and 'serve' extras ({missing})")
+
+        p = sub.add_parser("bench", help="benchmarks (needs the 'bench' and 'serve' extras)")
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=unavailable)
+        return
+    add_bench_parser(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="speclive", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate_parser(sub)
     add_models_parser(sub)
     add_knowledge_parser(sub)
-    add_bench_parser(sub)
+    _add_bench_parser(sub)
     add_datastore_parser(sub)
     add_demo_parser(sub)
     add_retranslate_parser(sub)
@@ -56,10 +71,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     try:
-        if args.command == "bench" and getattr(args, "out", None) is not None:
-            from speclive_bench.report import refuse_dirty_results
-
-            refuse_dirty_results(args.out)  # before any model loads
+        prepare = getattr(args, "prepare", None)
+        if prepare is not None:  # a command's checks before anything loads
+            prepare(args)
         return int(args.func(args) or 0)
     except SpecliveError as e:
         print(f"speclive: error: {e}", file=sys.stderr)

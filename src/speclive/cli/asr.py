@@ -6,8 +6,11 @@ import argparse
 import json
 import sys
 
-from speclive.asr.transcribe import METHODS
+from speclive.asr.audio import load_audio
+from speclive.asr.streaming import StreamConfig, stream_timed, transcriber_recognizer
+from speclive.asr.transcribe import METHODS, TranscribeConfig, Transcriber
 from speclive.common_options import STREAMING
+from speclive.live.vad import StreamingVAD, last_speech_end
 from speclive.options import parse_margin
 
 
@@ -46,8 +49,6 @@ def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
-    from speclive.asr.audio import load_audio
-    from speclive.asr.transcribe import TranscribeConfig, Transcriber
 
     audio = load_audio(args.file)  # fail on bad input before loading any model
     cfg = TranscribeConfig(
@@ -81,8 +82,6 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 def _stream(args: argparse.Namespace, audio, tr) -> int:
     """``--stream``: partials as the audio arrives, then one JSON object (``--json``) with the
     text, every pass and the final pass's latency."""
-    from speclive.asr.streaming import StreamConfig, stream_timed, transcriber_recognizer
-    from speclive.live.vad import StreamingVAD, last_speech_end
 
     silence_t = last_speech_end(StreamingVAD()(audio))
     recognize = transcriber_recognizer(tr, draft=args.stream_draft)

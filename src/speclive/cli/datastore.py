@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from speclive.common_options import EngineOptions
+from speclive.decoder import GenerationConfig, SpeculativeDecoder
+from speclive.drafting.corpus import CorpusReport, corpus_documents
+from speclive.drafting.datastore import DEFAULT_MAX_BYTES, SuffixDatastore, tokenizer_fingerprint
+from speclive.loader import load_backend, make_drafter, tokenizer_for
+from speclive.models.resolve import resolve
 from speclive.options import OptionSet, csv
+from speclive_bench.prompts import bench_prompt_texts, held_out_prompts
 
 #: the model whose tokenizer a datastore uses, and the model that answers held-out prompts
 TOKENIZER_MODEL = OptionSet(EngineOptions, only=("model",))
@@ -64,17 +70,11 @@ def add_datastore_parser(subparsers: Any) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from speclive.drafting.corpus import CorpusReport, corpus_documents
-    from speclive.drafting.datastore import SuffixDatastore, tokenizer_fingerprint
-    from speclive.loader import tokenizer_for
-    from speclive.models.resolve import resolve
 
     ref = resolve(args.model)
     tok = tokenizer_for(ref)
     exclude: list[str] = []
     if args.exclude_bench is not None:
-        from speclive_bench.prompts import bench_prompt_texts
-
         exclude = bench_prompt_texts(args.exclude_bench or None)
     rep = CorpusReport()
     t0 = time.perf_counter()
@@ -123,13 +123,9 @@ def lookup_timing(ds: Any, contexts: list[list[int]], depth: int = 16) -> dict[s
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from speclive.drafting.datastore import DEFAULT_MAX_BYTES, SuffixDatastore
 
     tok = None
     if args.model:
-        from speclive.loader import tokenizer_for
-        from speclive.models.resolve import resolve
-
         tok = tokenizer_for(resolve(args.model))
     budget = DEFAULT_MAX_BYTES if args.max_mb is None else int(args.max_mb * 2**20)
     ds = SuffixDatastore.load(args.path, tok, max_bytes=budget)
@@ -144,9 +140,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_outputs(args: argparse.Namespace) -> int:
-    from speclive.decoder import GenerationConfig, SpeculativeDecoder
-    from speclive.loader import load_backend, make_drafter
-    from speclive_bench.prompts import held_out_prompts
 
     target = load_backend(args.model, args.backend)
     drafter = make_drafter("ngram", target)

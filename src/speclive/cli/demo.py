@@ -15,6 +15,9 @@ import sys
 from typing import Any
 
 from speclive.common_options import EngineOptions
+from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder
+from speclive.errors import SpecliveError
+from speclive.loader import load_backend, make_drafter
 from speclive.options import OptionSet
 
 DEMO = OptionSet(
@@ -59,9 +62,6 @@ def _say(msg: str) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder
-    from speclive.errors import SpecliveError
-    from speclive.loader import load_backend, make_drafter
 
     if not args.prompt.strip():
         raise SpecliveError("empty prompt: give the text to answer as the last argument")

@@ -7,14 +7,15 @@ import argparse
 import json
 import sys
 
+from speclive.acceptance import make_rule
 from speclive.common_options import ENGINE
+from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder
 from speclive.errors import SpecliveError
+from speclive.knowledge import KnowledgeStore, disabled_by_env
+from speclive.loader import load_backend, make_drafter
 
 
 def _build_decoder(args: argparse.Namespace):
-    from speclive.acceptance import make_rule
-    from speclive.decoder import SpeculativeDecoder
-    from speclive.loader import load_backend, make_drafter
 
     target = load_backend(
         args.model, args.backend, n_ctx=args.n_ctx, threads=args.threads, device=args.device
@@ -30,8 +31,6 @@ def _build_decoder(args: argparse.Namespace):
     rule = make_rule(getattr(args, "accept", None), getattr(args, "temperature", 0.0))
     knowledge = None
     if drafter is not None and getattr(args, "knowledge", True):
-        from speclive.knowledge import KnowledgeStore, disabled_by_env
-
         if not disabled_by_env():
             knowledge = KnowledgeStore(target, drafter, args.drafter)
     return SpeculativeDecoder(target, drafter, rule, knowledge)
@@ -59,7 +58,6 @@ def stats_line(stats, drafter_name: str) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from speclive.decoder import GenerationConfig, GenerationStats
 
     dec = _build_decoder(args)
     ids = _prompt_ids(dec, args)

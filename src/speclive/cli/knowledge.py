@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from speclive.knowledge import entries, knowledge_dir, reset, summary
+
 
 def add_knowledge_parser(subparsers: Any) -> None:
     """``speclive knowledge show|reset|path``."""
@@ -18,7 +20,6 @@ def add_knowledge_parser(subparsers: Any) -> None:
 
 
 def cmd_knowledge(args: argparse.Namespace) -> int:
-    from speclive.knowledge import entries, knowledge_dir, reset, summary
 
     if args.action == "path":
         print(knowledge_dir())

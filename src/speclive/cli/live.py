@@ -14,9 +14,18 @@ import json
 import sys
 from typing import Any
 
+from speclive.asr.audio import load_audio
 from speclive.common_options import REMOTE, SESSION_LLM, SPEECH, VOICE
 from speclive.errors import ConfigError
+from speclive.live.build import LiveModelsConfig, load_live_models, make_pipeline
+from speclive.live.clock import VirtualClock, WallClock, play
+from speclive.live.turnpolicy import TurnPolicyConfig
+from speclive.live.vad import TurnConfig
+from speclive.live.voicechat import voice_predgen
 from speclive.options import OptionSet, parse_margin
+from speclive.sessions.predictive import _parse_verifier
+from speclive.sessions.retranslate import RetranslateConfig
+from speclive.tts.base import Audio, write_wav
 
 #: the LLM, where it runs and the speech models (the voice is chat's own)
 LIVE_LLM = OptionSet(SESSION_LLM.cls, only=("model", "backend", "device", "threads"))
@@ -162,15 +171,6 @@ def _turn_json(ev: Any) -> dict[str, Any]:
 def cmd_live(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from speclive.asr.audio import load_audio
-    from speclive.live.build import LiveModelsConfig, load_live_models, make_pipeline
-    from speclive.live.clock import VirtualClock, WallClock, play
-    from speclive.live.turnpolicy import TurnPolicyConfig
-    from speclive.live.vad import TurnConfig
-    from speclive.live.voicechat import voice_predgen
-    from speclive.sessions.predictive import _parse_verifier
-    from speclive.sessions.retranslate import RetranslateConfig
-
     remote = REMOTE.build(args)  # options that do not fit together fail before anything loads
     audio = load_audio(args.input)  # bad input fails before any model loads
     if audio.size == 0:
@@ -230,8 +230,6 @@ def cmd_live(args: argparse.Namespace) -> int:
     turns = [_turn_json(ev) for ev in res.events if ev.type == "turn_metrics"]
     notices = [ev.to_json() for ev in res.events if ev.type == "notice"]
     if args.out:
-        from speclive.tts.base import Audio, write_wav
-
         chunks = [ev for ev in res.events if ev.type == "audio"]
         if chunks:
             sr = chunks[0].sample_rate

@@ -24,7 +24,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    try:  # the 'serve' extra is optional: other commands run without fastapi and uvicorn
+    try:  # lazy: the serve extra (fastapi, uvicorn) is optional; other commands run without it
         import uvicorn
 
         from speclive.server.app import create_app

@@ -14,20 +14,26 @@ import sys
 from typing import Any
 
 from speclive.common_options import REMOTE, SESSION_LLM, VOICE
-from speclive.engines.vllm import connect
+from speclive.errors import ConfigError
 from speclive.loader import load_backend
+from speclive.sessions.predictive import FIRST_PASS, PredGenConfig, PredictiveResponder, _parse_verifier
+from speclive.sessions.retranslate import LANGUAGES, RetranslateConfig, ReTranslator
+from speclive.sessions.simulate import lag_k_prefixes, simulate_user
+from speclive.tts.base import Audio, write_wav
+from speclive.tts.piper import PiperTTS
 
 
 def load_llm(args: argparse.Namespace) -> Any:
     """The LLM the options name: a ``Backend`` or a ``VLLMEngine`` (both drive the sessions)."""
     remote = REMOTE.build(args)
     if remote.engine == "vllm":
+        from speclive.engines.vllm import connect  # lazy: the vLLM client needs httpx (the serve extra)
+
         return connect(list(remote.vllm_urls), model=args.model, top_k=remote.vllm_top_k)
     return load_backend(args.model, args.backend, threads=args.threads, device=args.device)
 
 
 def add_retranslate_parser(subparsers: Any) -> None:
-    from speclive.sessions.retranslate import LANGUAGES
 
     p = subparsers.add_parser(
         "retranslate", help="live re-translation of a growing source (SSBD: previous output as draft)"
@@ -55,9 +61,6 @@ def add_retranslate_parser(subparsers: Any) -> None:
 
 
 def cmd_retranslate(args: argparse.Namespace) -> int:
-    from speclive.errors import ConfigError
-    from speclive.sessions.retranslate import RetranslateConfig, ReTranslator
-    from speclive.sessions.simulate import lag_k_prefixes
 
     if not args.text.strip():
         raise ConfigError("empty text: give the English source as the last argument")
@@ -112,7 +115,6 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
 
 
 def add_predgen_parser(subparsers: Any) -> None:
-    from speclive.sessions.predictive import FIRST_PASS
 
     p = subparsers.add_parser(
         "predgen", help="voice-chat answer while the user speaks (PredGen input-time speculation)"
@@ -141,11 +143,6 @@ def add_predgen_parser(subparsers: Any) -> None:
 def cmd_predgen(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from speclive.errors import ConfigError
-    from speclive.sessions.predictive import PredGenConfig, PredictiveResponder, _parse_verifier
-    from speclive.sessions.simulate import simulate_user
-    from speclive.tts.base import Audio, write_wav
-
     if not args.prompt.strip():
         raise ConfigError("empty prompt: give what the user says as the last argument")
     if args.cpm <= 0:
@@ -154,8 +151,6 @@ def cmd_predgen(args: argparse.Namespace) -> int:
     REMOTE.build(args)  # options that do not fit together fail before anything loads
     tts = None
     if not args.no_tts:
-        from speclive.tts.piper import PiperTTS
-
         tts = PiperTTS(args.voice)
         tts.synthesize("Ready.")  # warm-up outside the measurement
     backend = load_llm(args)

@@ -17,6 +17,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from speclive.speechlm import (
+    HFCodec,
+    RandomRVQDecoder,
+    SchedulerConfig,
+    SpeechLM,
+    SpeechLMConfig,
+    SpeechLMEngine,
+)
+from speclive.speechlm.codec import write_wav
+from speclive.speechlm.engine import AudioEvent, FinishEvent, TextEvent
+from speclive.speechlm.vocab import decode_text
+
 DEMO_PROMPTS = (
     ("text", None, "What is the capital of France?"),
     ("text_audio", None, "Say hello in a calm voice."),
@@ -44,18 +56,6 @@ def add_speechlm_parser(sub: Any) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     import torch
-
-    from speclive.speechlm import (
-        HFCodec,
-        RandomRVQDecoder,
-        SchedulerConfig,
-        SpeechLM,
-        SpeechLMConfig,
-        SpeechLMEngine,
-    )
-    from speclive.speechlm.codec import write_wav
-    from speclive.speechlm.engine import AudioEvent, FinishEvent, TextEvent
-    from speclive.speechlm.vocab import decode_text
 
     torch.set_num_threads(args.threads)
     mcfg = SpeechLMConfig.preset(args.preset)
