@@ -28,8 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from speclive import sysinfo
 from speclive.backends.base import Backend
 from speclive.drafting.base import Drafter
+from speclive.models.install import speclive_home
 
 #: format version of the files; others are ignored
 VERSION = 1
@@ -43,8 +45,6 @@ def _stderr(msg: str) -> None:
 
 def knowledge_dir() -> Path:
     """Where knowledge files live: ``$SPECLIVE_HOME/knowledge``."""
-    from speclive.models.install import speclive_home
-
     return speclive_home() / "knowledge"
 
 
@@ -56,11 +56,10 @@ def machine_id(target: Backend) -> str:
     """CPU model (with its family, model and vector ISA: one virtual CPU name covers host
     generations of different speeds), cores and the target's thread count (what the measured
     costs depend on)."""
-    from speclive.sysinfo import cpu_detail, cpu_model
-
     threads = target.n_threads
-    detail = cpu_detail()
-    parts = [cpu_model(), *([detail] if detail else []), f"cores={os.cpu_count()}", f"threads={threads}"]
+    detail = sysinfo.cpu_detail()
+    cores = f"cores={os.cpu_count()}"
+    parts = [sysinfo.cpu_model(), *([detail] if detail else []), cores, f"threads={threads}"]
     if str(target.device) != "cpu":
         parts.append(f"device={target.device}")
     return "|".join(parts)

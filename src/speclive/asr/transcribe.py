@@ -33,6 +33,7 @@ from speclive.drafting.base import Drafter
 from speclive.drafting.hypothesis import HypothesisDrafter
 from speclive.drafting.specasr import SpecASRConfig, SpecASRDrafter
 from speclive.errors import ConfigError
+from speclive.models.resolve import resolve
 
 METHODS = ("ar", "sd", "specasr", "faster-whisper")
 
@@ -425,8 +426,6 @@ class Transcriber:
     def _faster_whisper(self, chunk: np.ndarray, stats: TranscribeStats) -> tuple[list[int], str]:
         if self._fw is None:
             from faster_whisper import WhisperModel
-
-            from speclive.models.resolve import resolve
 
             ref = resolve(self.cfg.model)
             path = str(ref.path) if ref.path is not None else self.cfg.model

@@ -32,17 +32,20 @@ from typing import Any
 
 import numpy as np
 
+from speclive.asr.ct2 import load_ct2_whisper, read_ct2_config
 from speclive.backends.base import Backend, BackendState, rows_to_move
 from speclive.backends.cpu_linear import DualLinear, split_plan
+from speclive.backends.hf import check_device
 from speclive.errors import ConfigError
+from speclive.models.resolve import resolve
 from speclive.tokenizer import Tokenizer
 
 # t(k)/t(1) prior for a small Whisper decoder on a CPU (weight reads dominate small k);
 # replaced online by measurements
 _WHISPER_PRIOR = {1: 1.0, 2: 1.05, 4: 1.4, 8: 1.75, 16: 2.5, 32: 3.6, 64: 5.3}
-#: rows from which a projection multiplies ``W @ x.T`` instead of ``x @ W.T`` (``DualLinear``);
-#: measured on a 2-core EPYC with torch 2.13 for whisper-base: one row is fastest against the
-#: transposed copy, two or more against the row-major weight (t(2) ~ t(1), t(8) ~ 1.6 t(1))
+#: rows from which a projection multiplies ``W @ x.T`` instead of ``x @ W.T`` (``DualLinear``):
+#: a one-row step runs against the transposed copy, a pass of two or more rows against the
+#: row-major weight
 _SPLIT = 2
 #: on a GPU a small Whisper decoder's step is bound by kernel launches: a pass of a few dozen
 #: tokens costs about one step (measurements replace it)
@@ -211,10 +214,7 @@ class WhisperBackend(Backend):
         self.head_dim = self.d_model // self.n_heads
         #: the torch device the model lives on (``load_whisper(device=...)``)
         self.device = next(model.parameters()).device
-        if int8 and self.device.type != "cpu":
-            raise ConfigError(f"int8 drafts run on the CPU only (this model is on {self.device})")
-        if int8 and not int8_available():
-            raise ConfigError("int8 drafts need torch's x86/fbgemm quantized engine")
+        self._check_int8(int8)
         self.int8 = int8
         total = len(dec.layers)
         self.n_layers = total if n_layers is None else int(n_layers)
@@ -229,34 +229,10 @@ class WhisperBackend(Backend):
         self.embed = dec.embed_tokens.weight
         self.pos = dec.embed_positions.weight
         self.ln_f = (dec.layer_norm.weight, dec.layer_norm.bias)
-        head_w = model.proj_out.weight
-        # a draft may score only the ``vocab_limit`` most frequent BPE ids (low ids = early
-        # merges) plus the special tokens: a much cheaper LM head, only draft quality changes
-        self._head_ids: Any = None
-        if vocab_limit is not None:
-            if vocab_limit < 1:
-                raise ConfigError(f"vocab_limit must be >= 1, got {vocab_limit}")
-            ids = sorted(
-                set(range(min(vocab_limit, self.vocab_size))) | set(range(specials.eos, self.vocab_size))
-            )
-            self._head_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-            head_w = head_w.index_select(0, self._head_ids)
-            self.name += f"/v{vocab_limit}"
-        if _head is not None and vocab_limit is None:
-            self.head = _head
-        else:
-            with torch.no_grad():
-                self.head = _linear(head_w, None, torch, int8)
+        self._set_head(model.proj_out.weight, vocab_limit, _head, int8)
         if int8:
             self.name += "/int8"
-        if audio_margin_s is not None and audio_margin_s < 0:
-            raise ConfigError(f"audio_margin_s must be >= 0, got {audio_margin_s}")
-        #: None: encode Whisper's full 30 s window (the model's trained input). A number
-        #: (drafts only): encode only the audio plus this much padding, so the encoder and
-        #: every decoder step's cross-attention run over those frames, not 1500
-        self.audio_margin_s = audio_margin_s
-        if audio_margin_s is not None:
-            self.name += f"/ctx+{audio_margin_s:g}s"
+        self._set_audio_margin(audio_margin_s)
         self.context = context or AudioContext()
         self.prompt_len = len(specials.prompt)
         self._suppress = torch.tensor(sorted(set(specials.suppress)), dtype=torch.long, device=self.device)
@@ -265,6 +241,51 @@ class WhisperBackend(Backend):
         )
         self._fe: Any = None
         super().__init__()
+
+    def _check_int8(self, int8: bool) -> None:
+        """Int8 drafts need the CPU and torch's quantized engine."""
+        if int8 and self.device.type != "cpu":
+            raise ConfigError(f"int8 drafts run on the CPU only (this model is on {self.device})")
+        if int8 and not int8_available():
+            raise ConfigError("int8 drafts need torch's x86/fbgemm quantized engine")
+
+    def _set_head(
+        self,
+        head_w: Any,
+        vocab_limit: int | None,
+        shared: DualLinear | _Int8Linear | _PlainLinear | None,
+        int8: bool,
+    ) -> None:
+        """The LM head: ``shared`` (a shallow draft's full-vocabulary head) or one built from
+        ``head_w``, restricted to ``vocab_limit`` ids when given."""
+        torch = self.torch
+        # a draft may score only the ``vocab_limit`` most frequent BPE ids (low ids = early
+        # merges) plus the special tokens: a much cheaper LM head, only draft quality changes
+        self._head_ids: Any = None
+        if vocab_limit is not None:
+            if vocab_limit < 1:
+                raise ConfigError(f"vocab_limit must be >= 1, got {vocab_limit}")
+            ids = sorted(
+                set(range(min(vocab_limit, self.vocab_size))) | set(range(self.specials.eos, self.vocab_size))
+            )
+            self._head_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+            head_w = head_w.index_select(0, self._head_ids)
+            self.name += f"/v{vocab_limit}"
+        if shared is not None and vocab_limit is None:
+            self.head = shared
+        else:
+            with torch.no_grad():
+                self.head = _linear(head_w, None, torch, int8)
+
+    def _set_audio_margin(self, audio_margin_s: float | None) -> None:
+        if audio_margin_s is not None and audio_margin_s < 0:
+            raise ConfigError(f"audio_margin_s must be >= 0, got {audio_margin_s}")
+        #: None: encode Whisper's full 30 s window (the model's trained input). A number
+        #: (drafts only): encode only the audio plus this much padding, so the encoder and
+        #: every decoder step's cross-attention run over those frames, not 1500
+        self.audio_margin_s = audio_margin_s
+        if audio_margin_s is not None:
+            self.name += f"/ctx+{audio_margin_s:g}s"
 
     def default_cost_prior(self) -> dict[int, float]:
         return _WHISPER_PRIOR if self.device.type == "cpu" else _WHISPER_GPU_PRIOR
@@ -514,9 +535,6 @@ def load_whisper(
     """
     import torch
 
-    from speclive.backends.hf import check_device
-    from speclive.models.resolve import resolve
-
     check_device(device)
 
     if threads:
@@ -526,8 +544,6 @@ def load_whisper(
     is_ct2 = folder is not None and (folder / "model.bin").exists()
     if is_ct2:
         from transformers import PreTrainedTokenizerFast
-
-        from speclive.asr.ct2 import load_ct2_whisper, read_ct2_config
 
         assert folder is not None
         hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from speclive.asr.transcribe import TranscribeConfig, Transcriber
 from speclive.errors import ConfigError
 from speclive.live.clock import Clock
 from speclive.live.pipeline import LiveConfig, LivePipeline
+from speclive.live.smartturn import SmartTurn
+from speclive.live.transcriber import LiveTranscriber
+from speclive.live.translator import LiveTranslator
 from speclive.live.turnpolicy import TurnPolicyConfig
 from speclive.live.vad import TurnConfig
+from speclive.live.voicechat import VoiceChat
+from speclive.loader import load_backend
+from speclive.tts.piper import PiperTTS
 
 KINDS = ("chat", "translate", "transcribe")
 
@@ -29,7 +36,8 @@ class LiveModelsConfig:
     asr_draft: str = "whisper-tiny.en"
     asr_method: str = "specasr"
     #: the target encodes the audio plus this margin, not Whisper's 30 s window (a live turn
-    #: is a few seconds: 3-4x faster; a looping transcript falls back to the full window).
+    #: is a few seconds, so the encoder runs over a fraction of the frames; a looping transcript
+    #: falls back to the full window).
     #: None: the full window
     asr_margin_s: float | None = 1.0
     #: draft each transcription pass with the previous passes' hypotheses (False: decode
@@ -61,8 +69,6 @@ class LiveModels:
     def turn_model(self) -> object:
         """The audio end-of-turn model (``live.smartturn.SmartTurn``), loaded on first use."""
         if self._turn_model is None:
-            from speclive.live.smartturn import SmartTurn
-
             self._turn_model = SmartTurn(self.cfg.turn_model)
         return self._turn_model
 
@@ -88,8 +94,6 @@ class LiveModels:
 
 
 def load_live_models(cfg: LiveModelsConfig | None = None) -> LiveModels:
-    from speclive.asr.transcribe import TranscribeConfig, Transcriber
-
     cfg = cfg or LiveModelsConfig()
     tr = Transcriber(
         TranscribeConfig(
@@ -103,17 +107,13 @@ def load_live_models(cfg: LiveModelsConfig | None = None) -> LiveModels:
     )
     llm = None
     if cfg.need_llm and cfg.vllm_urls:
-        from speclive.engines.vllm import connect
+        from speclive.engines.vllm import connect  # lazy: the vLLM client needs httpx (the serve extra)
 
         llm = connect(cfg.vllm_urls, model=cfg.model, top_k=cfg.vllm_top_k)
     elif cfg.need_llm:
-        from speclive.loader import load_backend
-
         llm = load_backend(cfg.model, cfg.backend, threads=cfg.threads, device=cfg.device)
     tts = None
     if cfg.voice:
-        from speclive.tts.piper import PiperTTS
-
         tts = PiperTTS(cfg.voice)
     return LiveModels(cfg, tr, llm, tts)
 
@@ -155,16 +155,12 @@ def make_pipeline(
         policy=policy or TurnPolicyConfig(),
     )
     if kind == "transcribe":
-        from speclive.live.transcriber import LiveTranscriber
-
         return LiveTranscriber(
             models.transcriber, live, clock, sample_rate, turn_model=_turn_model_for(models, live)
         )
     if models.llm is None:
         raise ConfigError(f"the {kind} pipeline needs an LLM (load_live_models with need_llm=True)")
     if kind == "chat":
-        from speclive.live.voicechat import VoiceChat
-
         return VoiceChat(
             models.llm,  # type: ignore[arg-type]
             models.transcriber,
@@ -176,8 +172,6 @@ def make_pipeline(
             sample_rate=sample_rate,
             turn_model=_turn_model_for(models, live),
         )
-    from speclive.live.translator import LiveTranslator
-
     return LiveTranslator(
         models.llm,  # type: ignore[arg-type]
         models.transcriber,

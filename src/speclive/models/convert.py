@@ -14,10 +14,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from speclive.models.install import speclive_home
+
 
 def _cache_root() -> Path:
-    from speclive.models.install import speclive_home
-
     return speclive_home() / "hf"
 
 

@@ -225,6 +225,34 @@ def _token_probs(row: np.ndarray, tokens: list[int]) -> list[float]:
     return [float(np.exp(z[t] - m) / total) for t in tokens]
 
 
+@dataclass
+class _Reply:
+    """The answer ``respond`` is streaming: what it generated and yielded so far."""
+
+    #: ``time.perf_counter()`` when the final prompt arrived
+    t0: float
+    #: forward passes of the reflection judge before the generation
+    judge_forwards: int
+    #: the answer's token ids (a resumed candidate's first)
+    out: list[int]
+    text: str = ""
+    #: characters of the answer yielded as text / as sentences
+    shown: int = 0
+    spoken: int = 0
+    n_sentences: int = 0
+    #: the first sentence (None: not complete yet), its time, forwards and audio
+    first: str | None = None
+    ttfs: float = 0.0
+    latency: float = 0.0
+    nfetfs: int = 0
+    presynth_used: bool = False
+    first_audio: Audio | None = None
+    audio: list[Audio] = field(default_factory=list)
+    #: generation events seen, and the generation's totals so far
+    n_steps: int = 0
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
 class PredictiveResponder:
     """Session: ``update(partial)`` while the user speaks, ``finish()`` once at the end."""
 
@@ -569,6 +597,28 @@ class PredictiveResponder:
         the pre-synthesized one when the sentence survived), then ``"done"`` with the
         ``PredGenResponse``. Closing the iterator early (barge-in) stops the generation.
         """
+        prompt, resume = self._final_prompt(final)
+        t0 = time.perf_counter()
+        events, prefix, judge_forwards = self._start(prompt, resume=resume)
+        reply = _Reply(t0=t0, judge_forwards=judge_forwards, out=list(prefix))
+        try:
+            if prefix:  # a resumed candidate may hold whole sentences: they need no decoding
+                reply.text = self.tok.decode(reply.out)
+                yield from self._reply_parts(reply, complete=False)
+            for ev in events:
+                self._take_probe()
+                reply.n_steps += 1
+                reply.stats = ev.stats
+                reply.out.extend(ev.tokens)
+                reply.text = self.tok.decode(reply.out)
+                yield from self._reply_parts(reply, complete=bool(reply.stats.finish_reason))
+        finally:
+            events.close()
+        yield ReplyPart("done", response=self._reply_response(reply))
+
+    def _final_prompt(self, final: str | None) -> tuple[str, bool]:
+        """The final prompt (normalised) and whether the candidate is continued rather than
+        verified again; closes the session to a second answer."""
         if self.finished:
             raise SessionClosedError("finish() called twice: this PredGen session is closed")
         prompt = _norm(self.latest if final is None else final)
@@ -585,92 +635,73 @@ class PredictiveResponder:
         )
         if self.mode == "preemptive" and not resume:
             self.presynth = None
-        t0 = time.perf_counter()
-        events, prefix, judge_forwards = self._start(prompt, resume=resume)
-        out: list[int] = list(prefix)
-        shown = spoken = 0  # characters of the answer yielded as text / as sentences
-        n_sentences = 0
-        first: str | None = None
-        ttfs = latency = 0.0
-        nfetfs = 0
-        presynth_used = False
-        first_audio: Audio | None = None
-        audio: list[Audio] = []
-        text = ""
+        return prompt, resume
 
-        def parts(complete: bool) -> Iterator[ReplyPart]:
-            """What the answer so far adds: a text delta, then each newly complete sentence."""
-            nonlocal shown, spoken, n_sentences, first, ttfs, latency, nfetfs, presynth_used, first_audio
-            visible = text if complete else text.rstrip("\ufffd")
-            if len(visible) > shown:
-                yield ReplyPart("text", visible[shown:])
-                shown = len(visible)
-            while True:
-                rest = text[spoken:]
-                end = (
-                    self._first_end(rest, complete)
-                    if first is None
-                    else first_sentence_end(rest, complete=complete, line_breaks=self.cfg.line_breaks)
-                )
-                if end < 0:
-                    return
-                sentence = text[spoken : spoken + end].strip()
-                spoken += end
-                if not sentence:
-                    continue
-                if first is None:
-                    first = sentence
-                    ttfs = time.perf_counter() - t0
-                    nfetfs = self._forwards(judge_forwards, stats) if n_steps else 0
-                    presynth_used = self.presynth is not None and self.presynth[0] == sentence
-                    if presynth_used:
-                        first_audio = self.presynth[1]  # type: ignore[index]
-                        latency = ttfs
-                    else:  # synthesized after the text was complete: its time adds up
-                        first_audio = self._synthesize(sentence)
-                        latency = ttfs + (first_audio.synth_s if first_audio is not None else 0.0)
-                    part_audio = first_audio
-                else:
-                    part_audio = self._synthesize(sentence) if self.cfg.speak_rest else None
-                if part_audio is not None:
-                    audio.append(part_audio)
-                yield ReplyPart("sentence", sentence, index=n_sentences, audio=part_audio)
-                n_sentences += 1
+    def _reply_parts(self, reply: _Reply, complete: bool) -> Iterator[ReplyPart]:
+        """What the answer so far adds: a text delta, then each newly complete sentence."""
+        text = reply.text
+        visible = text if complete else text.rstrip("\ufffd")
+        if len(visible) > reply.shown:
+            yield ReplyPart("text", visible[reply.shown :])
+            reply.shown = len(visible)
+        while True:
+            rest = text[reply.spoken :]
+            end = (
+                self._first_end(rest, complete)
+                if reply.first is None
+                else first_sentence_end(rest, complete=complete, line_breaks=self.cfg.line_breaks)
+            )
+            if end < 0:
+                return
+            sentence = text[reply.spoken : reply.spoken + end].strip()
+            reply.spoken += end
+            if not sentence:
+                continue
+            if reply.first is None:
+                part_audio = self._first_sentence(reply, sentence)
+            else:
+                part_audio = self._synthesize(sentence) if self.cfg.speak_rest else None
+            if part_audio is not None:
+                reply.audio.append(part_audio)
+            yield ReplyPart("sentence", sentence, index=reply.n_sentences, audio=part_audio)
+            reply.n_sentences += 1
 
-        n_steps = 0
-        stats = GenerationStats()
-        try:
-            if prefix:  # a resumed candidate may hold whole sentences: they need no decoding
-                text = self.tok.decode(out)
-                yield from parts(complete=False)
-            for ev in events:
-                self._take_probe()
-                n_steps += 1
-                stats = ev.stats
-                out.extend(ev.tokens)
-                text = self.tok.decode(out)
-                yield from parts(complete=bool(stats.finish_reason))
-        finally:
-            events.close()
-        if first is None:  # an empty answer
-            first, ttfs = "", time.perf_counter() - t0
-            latency, nfetfs = ttfs, self._forwards(judge_forwards, stats)
-        self.candidate = out
-        response = PredGenResponse(
-            response=text.strip(),
-            first_sentence=first,
-            token_ids=out,
-            ttfs_s=ttfs,
-            nfetfs=nfetfs,
-            audio_latency_s=latency,
-            presynth_used=presynth_used,
-            first_audio=first_audio,
-            audio=audio,
-            total_s=time.perf_counter() - t0,
-            forwards=self._forwards(judge_forwards, stats),
-            stats=stats,
+    def _first_sentence(self, reply: _Reply, sentence: str) -> Audio | None:
+        """Record the answer's first sentence (its time and forwards) and return its audio:
+        the pre-synthesized one when the sentence survived, else synthesized now."""
+        reply.first = sentence
+        reply.ttfs = time.perf_counter() - reply.t0
+        reply.nfetfs = self._forwards(reply.judge_forwards, reply.stats) if reply.n_steps else 0
+        reply.presynth_used = self.presynth is not None and self.presynth[0] == sentence
+        if reply.presynth_used:
+            reply.first_audio = self.presynth[1]  # type: ignore[index]
+            reply.latency = reply.ttfs
+        else:  # synthesized after the text was complete: its time adds up
+            reply.first_audio = self._synthesize(sentence)
+            synth_s = reply.first_audio.synth_s if reply.first_audio is not None else 0.0
+            reply.latency = reply.ttfs + synth_s
+        return reply.first_audio
+
+    def _reply_response(self, reply: _Reply) -> PredGenResponse:
+        """The finished answer's ``PredGenResponse``; the answer becomes the candidate."""
+        if reply.first is None:  # an empty answer
+            reply.first, reply.ttfs = "", time.perf_counter() - reply.t0
+            reply.latency, reply.nfetfs = reply.ttfs, self._forwards(reply.judge_forwards, reply.stats)
+        self.candidate = reply.out
+        return PredGenResponse(
+            response=reply.text.strip(),
+            first_sentence=reply.first,
+            token_ids=reply.out,
+            ttfs_s=reply.ttfs,
+            nfetfs=reply.nfetfs,
+            audio_latency_s=reply.latency,
+            presynth_used=reply.presynth_used,
+            first_audio=reply.first_audio,
+            audio=reply.audio,
+            total_s=time.perf_counter() - reply.t0,
+            forwards=self._forwards(reply.judge_forwards, reply.stats),
+            stats=reply.stats,
         )
-        yield ReplyPart("done", response=response)
 
     @property
     def incomplete(self) -> bool:

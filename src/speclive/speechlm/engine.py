@@ -28,6 +28,7 @@ from speclive.speechlm.kvcache import PagedKVCache
 from speclive.speechlm.model import SpeechModel
 from speclive.speechlm.phases import Phase, PhaseState
 from speclive.speechlm.scheduler import Request, Scheduler, SchedulerConfig, Sequence, Work
+from speclive.speechlm.vocab import encode_text
 
 
 @dataclass
@@ -288,8 +289,6 @@ class SpeechLMEngine:
 
     def _prompt_rows(self, prompt: str | list[int] | list[list[int]]) -> list[list[int]]:
         if isinstance(prompt, str):
-            from speclive.speechlm.vocab import encode_text
-
             return self.model.text_rows(encode_text(prompt))
         if prompt and isinstance(prompt[0], list):
             return prompt  # type: ignore[return-value]

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 
 from speclive.errors import BackendUnavailableError, ConfigError
+from speclive.models.install import install, installed_path
+from speclive.models.registry import get_spec
 from speclive.tts.base import Audio, timed
 from speclive.tts.sentences import bounded_pieces
 
@@ -33,9 +35,6 @@ class PiperTTS:
             ) from e
         path = Path(voice)
         if not path.is_file():
-            from speclive.models.install import install, installed_path
-            from speclive.models.registry import get_spec
-
             spec = get_spec(voice)
             if spec.kind != "piper-voice":
                 raise ConfigError(f"{voice!r} is a {spec.kind}, not a Piper voice")
