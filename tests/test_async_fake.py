@@ -123,8 +123,10 @@ def test_sync_hybrid_always_model_matches_ar():
 
 
 def test_the_decoder_applies_the_declared_target_threads_and_restores_them():
-    """The drafter declares ``target_threads``; the decoder sets them (with the cost curve of
-    that thread count) for the generation and restores both; the drafter sets its draft's."""
+    """The drafter declares ``target_threads``; the decoder sets them for the generation and
+    restores them; the drafter sets its draft's. The drafter is handed the cost curve of that
+    thread count, into which the decoder's passes are timed: the shared backend's own curve is
+    neither swapped nor fed."""
     target = MarkovLM("target", sleep=0.0)
     draft = MarkovLM("draft", sleep=0.0, wrong=7)
     cost = target.cost
@@ -132,7 +134,13 @@ def test_the_decoder_applies_the_declared_target_threads_and_restores_them():
     assert d.target_threads == 1
     dec = SpeculativeDecoder(target, d)
     cfg = GenerationConfig(max_tokens=12, ignore_eos=True)
-    during = {(target.n_threads, target.cost is cost, draft.n_threads) for _ in dec.generate([3, 9, 4], cfg)}
+    during = {
+        (target.n_threads, target.cost is cost, d.target.cost is dec.state.cost, draft.n_threads)
+        for _ in dec.generate([3, 9, 4], cfg)
+    }
     d.close()
-    assert during == {(1, False, 1)}
+    assert during == {(1, True, True, 1)}
     assert (target.n_threads, target.cost, draft.n_threads) == (2, cost, 2)
+    assert d.target.cost is not cost and d.adaptive.target_cost is d.target.cost
+    assert sum(d.target.cost.observed.values()) > 0 and not cost.observed
+    assert dec.state.cost is None  # back to the backend's curve after the generation

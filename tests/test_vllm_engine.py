@@ -16,6 +16,9 @@ import pytest
 from fake_vllm import FakeVLLM, ToyBackend, ToyLM, ToyTokenizer
 
 from speclive.acceptance import BiasedRule, GreedyRule, TopKRule
+from speclive.decoder import GenerationConfig, StepEvent
+from speclive.drafting.history import HistoryDrafter
+from speclive.drafting.ngram import NgramDrafter
 from speclive.engines import vllm as ev
 from speclive.engines.vllm import VLLMEngine, logprob_matrix
 from speclive.errors import ConfigError, EngineUnavailableError
@@ -177,6 +180,41 @@ def test_one_scoring_request_then_a_streamed_continuation(lm):
         assert continued > 0
     finally:
         srv.stop()
+
+
+def test_the_vllm_decoder_verifies_a_prepared_draft_and_keeps_the_in_process_books(lm, server):
+    """The drafter says what it drafts from (``prepared_draft``): the previous output, its
+    first ``forced`` tokens tagged so; a step-by-step drafter is refused. ``stepwise`` is
+    ``generate`` (vLLM runs every pass) and accounts the steps as the in-process loop does."""
+    eng = engine_on(server)
+    with pytest.raises(ConfigError, match="previous output only"):
+        eng.make_decoder(NgramDrafter())
+    prompt = [3, 5, 7, 9]
+    cfg = GenerationConfig(max_tokens=12, ignore_eos=True)
+    plain = eng.make_decoder()
+    ref = plain.run(prompt, cfg)
+    plain.close()
+    d = HistoryDrafter()
+    d.set_history([*ref.token_ids[:6], (ref.token_ids[6] + 1) % eng.vocab_size], forced=2)
+    assert d.prepared_draft(4).sources == ["forced", "forced", "history", "history"]
+    dec = eng.make_decoder(d)
+    steps = dec.stepwise(prompt, cfg)
+    events = []
+    while True:
+        try:
+            events.append(steps.send(None))
+        except StopIteration as done:
+            res = done.value
+            break
+    dec.close()
+    assert all(isinstance(ev, StepEvent) for ev in events)
+    assert res.token_ids == ref.token_ids
+    st = res.stats
+    assert (st.drafted, st.accepted) == (7, 6)
+    assert st.drafted_by_source == {"forced": 2, "history": 5}
+    assert st.accepted_by_source == {"forced": 2, "history": 4}
+    assert events[0].sources == {"forced": 2, "history": 4} and events[0].tokens == ref.token_ids[:7]
+    assert st.target_forwards == 1 + (len(ref.token_ids) - 7)
 
 
 # ---------------------------------------------------------------------------------- replicas

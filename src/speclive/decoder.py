@@ -9,6 +9,11 @@ lossless mode must reproduce token for token.
 
 Cache invariant: between steps the target cache holds every committed token except the
 newest one (``pending``), whose logits are produced as row 0 of the next verification.
+
+A remote engine (``speclive.engines.vllm``) runs requests its own way but keeps the books the
+same way: every engine's loop commits through ``Commit`` and accounts each step with
+``Commit.step``. Both decoders offer the ``Decoder`` interface; ``stepwise`` hands a target
+pass out to the caller (the server batches the passes of several requests) where there is one.
 """
 
 from __future__ import annotations
@@ -16,13 +21,13 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from speclive.acceptance import AcceptanceRule, GreedyRule, SpeculativeSamplingRule
 from speclive.backends.base import Backend, BackendState, CostModel, common_prefix_len
-from speclive.drafting.base import Drafter, StepFeedback
+from speclive.drafting.base import Drafter, StepFeedback, TargetView
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError, ContextOverflowError
 
@@ -145,11 +150,13 @@ class Commit:
     text at the earliest stop string (each sets ``stats.finish_reason``). Until the generation
     ends, the text that could still turn into a stop string (the longest one's length minus
     one) and a trailing half UTF-8 character are held back, so a delta never has to be taken
-    back. Shared by every engine's loop.
+    back. ``step`` also accounts the step in ``stats``. Shared by every engine's loop; created
+    when the generation starts (``total_s`` counts from then).
     """
 
     def __init__(self, tokenizer: Any, cfg: GenerationConfig, stats: GenerationStats):
         self.tok, self.cfg, self.stats = tokenizer, cfg, stats
+        self.t_start = time.perf_counter()
         self.eos = set() if cfg.ignore_eos else set(tokenizer.eos_ids)
         self.hold = max((len(s) for s in cfg.stop), default=1) - 1
         #: the committed token ids
@@ -185,6 +192,37 @@ class Commit:
         self.text += delta
         self.stats.new_tokens = len(self.out)
         return committed, delta
+
+    def step(
+        self,
+        new: Sequence[int],
+        tree: DraftTree,
+        accepted: Sequence[int],
+        draft_s: float,
+        verify_s: float,
+        forwards: int = 1,
+    ) -> StepEvent:
+        """One step's books: ``forwards`` target passes verified ``tree`` (per source) and kept
+        its nodes ``accepted``, after ``draft_s`` seconds drafting and ``verify_s`` verifying;
+        ``new`` (accepted tokens + bonus) is committed (``add``). Returns the ``StepEvent``."""
+        stats = self.stats
+        stats.target_forwards += forwards
+        stats.drafted += len(tree)
+        stats.accepted += len(accepted)
+        stats.draft_s += draft_s
+        stats.verify_s += verify_s
+        sources: dict[str, int] = {}
+        if tree.sources:
+            for src in tree.sources:
+                src = src or "draft"
+                stats.drafted_by_source[src] = stats.drafted_by_source.get(src, 0) + 1
+            for i in accepted:
+                src = tree.sources[i] or "draft"
+                sources[src] = sources.get(src, 0) + 1
+                stats.accepted_by_source[src] = stats.accepted_by_source.get(src, 0) + 1
+        committed, delta = self.add(new)
+        stats.total_s = time.perf_counter() - self.t_start
+        return StepEvent(committed, delta, len(tree), len(accepted), draft_s, verify_s, sources, stats=stats)
 
 
 @dataclass
@@ -228,9 +266,8 @@ class Generation:
         self.rng = np.random.default_rng(cfg.seed if cfg.seed >= 0 else cfg.seed % 2**64)
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self.commit_ = Commit(target.tokenizer, cfg, self.stats)
-        self.t_start = time.perf_counter()
         self.tail, self.stats.prefill_forwards, self._probe_at = dec._prefill(prompt, cfg.fuse_prefill, probe)
-        self.stats.prefill_s = time.perf_counter() - self.t_start
+        self.stats.prefill_s = time.perf_counter() - self.commit_.t_start
         self.context = list(prompt)
         self.pending = prompt[-1]
         self.done = False
@@ -240,7 +277,8 @@ class Generation:
             if dec.knowledge is not None and not dec._knowledge_loaded:
                 dec._knowledge_loaded = True
                 dec.knowledge.load()
-            self.drafter.start(target, self.context)
+            # the drafter reads the cost curve of the threads the target computes with now
+            self.drafter.start(TargetView.of(target, dec.state.cost), self.context)
 
     def next_pass(self) -> VerifyPass | None:
         """Draft the next step; the target pass it needs, or None when the generation is over."""
@@ -274,7 +312,7 @@ class Generation:
         assert self._step is not None, "commit() needs the logits of next_pass()'s pass"
         tree, tokens, parents, t0, t1, t, base = self._step
         self._step = None
-        stats, target, state = self.stats, self.target, self.dec.state
+        target, state = self.target, self.dec.state
         if t:
             if self._probe_at is not None:
                 self.dec.probe_prev = np.array(logits[self._probe_at])
@@ -304,35 +342,17 @@ class Generation:
             # a step that also carried the prompt tail is no drafting measurement
             seconds = None if t else t2 - t0
             self.drafter.feedback(StepFeedback(tree, accepted_nodes, verdict.bonus, seconds, len(new)))
-        stats.target_forwards += 1
-        stats.drafted += len(tree)
-        stats.accepted += len(accepted_nodes)
-        stats.draft_s += t1 - t0
-        stats.verify_s += t2 - t1
-        sources: dict[str, int] = {}
-        if tree.sources:
-            for src in tree.sources:
-                src = src or "draft"
-                stats.drafted_by_source[src] = stats.drafted_by_source.get(src, 0) + 1
-            for i in accepted_nodes:
-                src = tree.sources[i] or "draft"
-                sources[src] = sources.get(src, 0) + 1
-                stats.accepted_by_source[src] = stats.accepted_by_source.get(src, 0) + 1
-
-        committed, delta = self.commit_.add(new)
-        self.context.extend(committed)
-        stats.total_s = time.perf_counter() - self.t_start
-        if stats.finish_reason:
+        ev = self.commit_.step(new, tree, accepted_nodes, t1 - t0, t2 - t1)
+        self.context.extend(ev.tokens)
+        if self.stats.finish_reason:
             self._finish()
         else:
             self.pending = new[-1]
-        return StepEvent(
-            committed, delta, len(tree), len(accepted_nodes), t1 - t0, t2 - t1, sources, stats=stats
-        )
+        return ev
 
     def _finish(self) -> None:
         self.done = True
-        self.stats.total_s = time.perf_counter() - self.t_start
+        self.stats.total_s = time.perf_counter() - self.commit_.t_start
 
     @property
     def result(self) -> GenerationResult:
@@ -358,13 +378,15 @@ class SpeculativeDecoder:
         self._knowledge_loaded = False
         self.state: BackendState = target.new_state()
         # the target's cost curve at the drafter's ``target_threads`` (it differs from the usual
-        # one), and the threads and cost model to restore after a generation
+        # one): this decoder's passes are timed into it while the drafter drafts
         self._drafting_cost: CostModel | None = None
         #: the logits row a ``probe`` asked for and the row one position before it (None until
         #: their pass ran)
         self.probe_row: np.ndarray | None = None
         self.probe_prev: np.ndarray | None = None
-        self._restore: tuple[int | None, CostModel] | None = None
+        # while the drafter's threads are applied: the target's own count, restored by ``end``
+        self._threads_applied = False
+        self._own_threads: int | None = None
 
     def close(self) -> None:
         self.target.release(self.state)
@@ -431,16 +453,17 @@ class SpeculativeDecoder:
 
     def _set_target_threads(self) -> None:
         """Before drafting: run the target on the threads the drafter declares
-        (``Drafter.target_threads``, where the target has ``settable_threads``), reading the
-        cost curve measured at that count; ``end`` restores both."""
+        (``Drafter.target_threads``, where the target has ``settable_threads``), and time this
+        decoder's passes into the cost curve of that count (``BackendState.cost``: the shared
+        backend's own curve is left alone); ``end`` restores both."""
         n = self.drafter.target_threads if self.drafter is not None else None
         t = self.target
-        if n is None or not t.settable_threads or self._restore is not None:
+        if n is None or not t.settable_threads or self._threads_applied:
             return
         if self._drafting_cost is None:
             self._drafting_cost = CostModel(t.default_cost_prior())
-        self._restore = (t.n_threads, t.cost)
-        t.cost = self._drafting_cost
+        self._threads_applied, self._own_threads = True, t.n_threads
+        self.state.cost = self._drafting_cost
         t.set_threads(n)
 
     def end(self, gen: Generation) -> None:
@@ -448,12 +471,11 @@ class SpeculativeDecoder:
         threads, save what the drafter learned."""
         if self.drafter is not None:
             self.drafter.end()  # stops background drafting
-        if self._restore is not None:
-            threads, cost = self._restore
-            self._restore = None
-            if threads is not None:
-                self.target.set_threads(threads)
-            self.target.cost = cost
+        if self._threads_applied:
+            self._threads_applied = False
+            if self._own_threads is not None:
+                self.target.set_threads(self._own_threads)
+            self.state.cost = None
         if self.knowledge is not None and gen.stats.target_forwards:
             self.knowledge.save()
 
@@ -466,6 +488,23 @@ class SpeculativeDecoder:
         try:
             while (p := gen.next_pass()) is not None:
                 yield gen.commit(self.target.extend(p.state, p.tokens, p.parents))
+        finally:
+            self.end(gen)
+        return gen.result
+
+    def stepwise(
+        self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
+    ) -> Generator[StepEvent | VerifyPass, np.ndarray | None, GenerationResult]:
+        """``generate`` with the target passes handed out: each step yields its ``VerifyPass``,
+        takes the pass's logits (``send``) and yields the step's ``StepEvent``; the generator
+        returns the ``GenerationResult``. The caller may run the passes of several generations
+        together (the server's batched verification)."""
+        gen = self.start(prompt_ids, config)
+        try:
+            while (p := gen.next_pass()) is not None:
+                logits = yield p
+                assert logits is not None, "stepwise() needs the logits of each VerifyPass sent back"
+                yield gen.commit(logits)
         finally:
             self.end(gen)
         return gen.result
@@ -489,16 +528,39 @@ def drain(
             events.append(ev)
 
 
+class Decoder(Protocol):
+    """The decode loop sessions and the server drive: ``SpeculativeDecoder`` in process,
+    ``speclive.engines.vllm.VLLMDecoder`` on a remote engine."""
+
+    def generate(
+        self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
+    ) -> Generator[StepEvent, None, GenerationResult]:
+        """One ``StepEvent`` per step; returns the ``GenerationResult``."""
+        ...
+
+    def stepwise(
+        self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
+    ) -> Generator[StepEvent | VerifyPass, np.ndarray | None, GenerationResult]:
+        """As ``generate``, but a step that needs a target pass in this process first yields
+        its ``VerifyPass`` and takes the logits (``send``); a remote engine yields events only."""
+        ...
+
+    def run(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult: ...
+
+    def prefill(self, prompt_ids: Sequence[int]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 def make_decoder(
     target: Backend,
     drafter: Drafter | None = None,
     rule: AcceptanceRule | None = None,
     knowledge: KnowledgeStore | None = None,
-) -> SpeculativeDecoder:
+) -> Decoder:
     """The decode loop for ``target``: ``SpeculativeDecoder`` for an in-process backend; a
     remote engine (``in_process`` False: ``speclive.engines.vllm.VLLMEngine``) brings its own
-    loop from its ``make_decoder``, with the same interface (``generate``, ``run``,
-    ``prefill``, ``close``)."""
+    loop from its ``make_decoder``, with the same interface (``Decoder``)."""
     if target.in_process:
         return SpeculativeDecoder(target, drafter, rule, knowledge)
     return target.make_decoder(drafter, rule, knowledge)

@@ -58,6 +58,10 @@ class BackendState:
     #: nodes of the last tree extension waiting for ``keep`` (None when nothing is pending)
     pending: list[int] | None = None
     pending_parents: list[int] | None = None
+    #: the cost curve this state's verification passes are timed into (None: the backend's
+    #: ``cost``): a decoder that runs the target on other threads while it drafts keeps the
+    #: curve of that thread count apart without touching the shared backend
+    cost: CostModel | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -67,8 +71,10 @@ class CostModel:
     """Online estimate of how long one ``extend`` of ``k`` tokens takes, relative to ``k=1``.
 
     Every backend records its own extension times here (an exponential moving average per
-    ``k``), so drafters read the *measured* verification-cost curve t(k)/t(1) of the machine
-    they run on; a prior curve fills the gaps until a length has been seen.
+    ``k``; a state with a ``cost`` of its own records there), so drafters read the *measured*
+    verification-cost curve t(k)/t(1) of the machine they run on; a prior curve fills the gaps
+    until a length has been seen. The decoder hands a drafter the curve it is to read
+    (``speclive.drafting.base.DraftTarget``).
     """
 
     def __init__(self, prior: dict[int, float] | None = None, alpha: float = 0.2, max_k: int = 64):
@@ -235,7 +241,7 @@ class Backend(ABC):
         t0 = time.perf_counter()
         logits = self._extend(state, toks, plist, last_only)
         if not last_only:  # the cost curve describes verification passes (all rows needed)
-            self.cost.observe(len(toks), time.perf_counter() - t0)
+            (state.cost or self.cost).observe(len(toks), time.perf_counter() - t0)
         self.forward_calls += 1
         self._extended(state, toks, plist)
         return logits

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from speclive.backends.base import Backend
-from speclive.drafting.base import AdaptiveLength
+from speclive.drafting.base import AdaptiveLength, DraftTarget
 from speclive.drafting.datastore import SuffixDatastore
 from speclive.drafting.hybrid import HybridConfig, HybridDrafter
 from speclive.drafting.suffix import SuffixConfig
@@ -121,7 +121,7 @@ class AsyncHybridDrafter(HybridDrafter):
         self._t_begin = 0.0
 
     # ---- lifecycle ------------------------------------------------------------------
-    def start(self, target: Backend, context: Sequence[int]) -> None:
+    def start(self, target: DraftTarget, context: Sequence[int]) -> None:
         super().start(target, context)
         self._saved_draft_threads = _set_threads(self.model.draft, self.acfg.draft_threads)
         self._cancel()

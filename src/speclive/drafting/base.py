@@ -27,6 +27,12 @@ E[tokens | k] = 1 + S(1) + ... + S(k).
 
 ``state()`` / ``load_state()`` export and restore what a controller has learned, so a new
 process can start from it (``speclive.knowledge``).
+
+A drafter sees its target only through a ``DraftTarget`` handed to ``start``: the name,
+tokenizer and vocabulary size, the limit on tree branches and the cost curve to read. The
+decoder builds it (``TargetView.of``) with the curve of the threads the target computes with
+while this drafter drafts, so no drafter reads a backend's internals or depends on when a
+backend's attribute changes.
 """
 
 from __future__ import annotations
@@ -34,9 +40,46 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from speclive.backends.base import Backend, CostModel
 from speclive.drafting.tree import DraftTree
+from speclive.tokenizer import Tokenizer
+
+
+class DraftTarget(Protocol):
+    """What a drafter reads of the target it drafts for (``Drafter.start``'s argument)."""
+
+    #: the target model's name (error messages)
+    name: str
+    tokenizer: Tokenizer
+    vocab_size: int
+    #: the verification-cost curve t(k)/t(1) the drafter plans with
+    cost: CostModel
+    #: most leaves one verification tree may hold (None: no limit)
+    max_tree_branches: int | None
+
+
+@dataclass(frozen=True)
+class TargetView:
+    """A ``DraftTarget`` built from a backend, with the cost curve chosen by the decoder."""
+
+    name: str
+    tokenizer: Tokenizer
+    vocab_size: int
+    cost: CostModel
+    max_tree_branches: int | None = None
+
+    @classmethod
+    def of(cls, target: Backend, cost: CostModel | None = None) -> TargetView:
+        """``target`` as a drafter sees it; ``cost``: the curve to read (default: ``target.cost``)."""
+        return cls(
+            target.name,
+            target.tokenizer,
+            target.vocab_size,
+            target.cost if cost is None else cost,
+            target.max_tree_branches,
+        )
 
 
 class ProbeBackoff:
@@ -298,7 +341,8 @@ class Drafter(ABC):
 
     The protocol, in the order the decoder calls it:
 
-    - ``start(target, context)``: a generation on ``target`` starts from ``context``;
+    - ``start(target, context)``: a generation starts from ``context``; ``target`` (a
+      ``DraftTarget``) is what the drafter may know of the target, its cost curve included;
     - ``propose(context, budget)``: a tree continuing the committed ``context``, each step;
     - ``feedback(step)``: what the target kept of that tree and what the step cost;
     - ``end()``: the generation is over (or abandoned); ``close()``: free held resources.
@@ -308,6 +352,9 @@ class Drafter(ABC):
     A drafter never changes the target: what it needs from it is declared (``target_threads``)
     and applied by the decoder. Its draft-length controller (``adaptive``) is built by the
     caller and handed in; the decoder's feedback is what it learns from.
+
+    ``prepared_draft(budget)`` is for an engine that verifies one draft per request (the vLLM
+    engine): a drafter that knows its whole draft before the generation starts returns it.
     """
 
     name = "drafter"
@@ -320,15 +367,16 @@ class Drafter(ABC):
     def __init__(self, adaptive: AdaptiveLength | None = None):
         #: the draft-length controller (None: the drafter picks its drafts another way)
         self.adaptive = adaptive
-        self.target: Backend | None = None
+        #: the target as ``start`` handed it (None before the first generation)
+        self.target: DraftTarget | None = None
         # seconds of one-off work inside ``propose`` since the last measured step (a draft
         # cache catching up on a new prompt or after a pause); kept out of the per-step cost
         # the controller learns
         self._oneoff_s = 0.0
 
-    def start(self, target: Backend, context: Sequence[int]) -> None:
-        """A generation on ``target`` (whose cost curve to read) starts from ``context``:
-        reset per-request state."""
+    def start(self, target: DraftTarget, context: Sequence[int]) -> None:
+        """A generation starts from ``context``; ``target`` says what the drafter may know of
+        the target (its cost curve included): reset per-request state."""
         self.target = target
         if self.adaptive is not None:
             self.adaptive.target_cost = target.cost
@@ -336,6 +384,12 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         """A tree continuing ``context`` (committed tokens) with at most ``budget`` nodes."""
+
+    def prepared_draft(self, budget: int) -> DraftTree | None:
+        """The draft this drafter holds before the generation starts, as one tree of at most
+        ``budget`` nodes (for an engine that verifies one draft per request); None when it
+        drafts step by step only (the default)."""
+        return None
 
     def feedback(self, step: StepFeedback) -> None:
         """The verification of the last proposed tree: the controller learns acceptance and,

@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Sequence
 
 from speclive.backends.base import Backend
-from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter, DraftTarget
 from speclive.drafting.model import DEFAULT_WINDOW, draft_chain, probe_cannot_pay, timed_sync, window_start
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError
@@ -65,7 +65,7 @@ class CrossVocabDrafter(Drafter):
         self._start = 0
         self.detail = f"draft={draft.name}"
 
-    def start(self, target: Backend, context: Sequence[int]) -> None:
+    def start(self, target: DraftTarget, context: Sequence[int]) -> None:
         super().start(target, context)
         # the window (in target tokens, fixed per generation) keeps the draft's prefill short;
         # see drafting/model.py

@@ -6,8 +6,8 @@ turns that into drafts at no model cost:
 
 1. **The previous output, while the new output follows it** (``source="history"``). The paper
    (SSBD Algorithm 1) verifies the whole previous output in one pass (``chunked=False``). On a
-   CPU a k-token verification costs far more than one step (t(32)/t(1) ≈ 14 on llama.cpp), so
-   by default the previous output is drafted in *chunks* whose length an ``AdaptiveLength``
+   CPU a k-token verification costs many times one step (the cost curve grows almost linearly
+   in k), so by default the previous output is drafted in *chunks* whose length an ``AdaptiveLength``
    controller picks from the measured cost curve and the measured acceptance; the next chunk
    continues as long as every token produced so far equals the previous output (accepted
    drafts, and bonus tokens that happen to agree). Sessions pair it with a rule that may bias
@@ -17,14 +17,16 @@ turns that into drafts at no model cost:
    over ``previous output + [separator] + context`` finds the longest match of what has been
    produced and proposes what followed it (``source="recycled"``), verified losslessly unless a
    session's rule says otherwise.
+
+An engine that verifies one draft per request (vLLM) takes the whole previous output at once:
+``prepared_draft``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from speclive.backends.base import Backend
-from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter, StepFeedback
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter, DraftTarget, StepFeedback
 from speclive.drafting.ngram import NgramDrafter
 from speclive.drafting.tree import DraftTree
 
@@ -64,11 +66,23 @@ class HistoryDrafter(Drafter):
         self.forced = max(0, min(int(forced), len(self.history)))
         self.first_chunk = max(self.forced, int(first_chunk))
 
-    def start(self, target: Backend, context: Sequence[int]) -> None:
+    def start(self, target: DraftTarget, context: Sequence[int]) -> None:
         super().start(target, context)
         self._start = len(context)
         if self.recycler is not None:
             self.recycler.start(target, [*self.history, _SEPARATOR, *context])
+
+    def _chunk(self, pos: int, k: int) -> DraftTree:
+        """``history[pos : pos + k]`` as a chain, its tokens before ``forced`` tagged "forced"."""
+        tree = DraftTree.chain(self.history[pos : pos + k], source="history")
+        if tree.sources is not None and pos < self.forced:
+            n = min(self.forced - pos, len(tree))
+            tree.sources[:n] = ["forced"] * n
+        return tree
+
+    def prepared_draft(self, budget: int) -> DraftTree:
+        """The previous output as one chain (what fits in ``budget`` nodes; empty without one)."""
+        return self._chunk(0, max(0, budget))
 
     def _aligned(self, produced: Sequence[int]) -> bool:
         n = len(produced)
@@ -86,12 +100,8 @@ class HistoryDrafter(Drafter):
                 k = len(self.history)
             k = min(k, budget, len(self.history) - pos)
             if k > 0:
-                tree = DraftTree.chain(self.history[pos : pos + k], source="history")
-                if tree.sources is not None and pos < self.forced:
-                    n = min(self.forced - pos, k)
-                    tree.sources[:n] = ["forced"] * n
                 self._last = "history"
-                return tree
+                return self._chunk(pos, k)
         if self.recycler is None or not self.history:
             return DraftTree()
         tree = self.recycler.propose([*self.history, _SEPARATOR, *context], budget)

@@ -5,9 +5,10 @@ next to nothing. The draft model runs only when it is expected to pay *on top of
 its ``AdaptiveLength`` controller (per-token acceptance α of model-drafted nodes, draft/target
 step-cost ratio, the target's cost curve) proposes a chain length k, and the model drafts when
 its expected gain beats the best retrieval tree's by ``model_margin`` (with the controller's
-periodic probes when it is off). On this CPU a 0.5B draft step costs ~45% of a 1.5B target
-step, so the model mostly stays off and the hybrid degrades gracefully to retrieval drafting;
-where the draft model is cheap relative to its target (a GPU, or a far smaller draft) it drafts.
+periodic probes when it is off). Where a draft step costs a large fraction of a target step
+(a small model drafting for one a few times larger, on a CPU) the model mostly stays off and
+the hybrid degrades gracefully to retrieval drafting; where the draft model is cheap relative
+to its target (a GPU, or a far smaller draft) it drafts.
 
 The model chain carries its draft probabilities, so its nodes are scored like retrieval nodes
 (path probability × learned calibration) and the fused tree is selected by the same
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from speclive.backends.base import Backend
-from speclive.drafting.base import AdaptiveConfig, AdaptiveLength
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, DraftTarget
 from speclive.drafting.datastore import SuffixDatastore
 from speclive.drafting.model import DEFAULT_WINDOW, catch_up_cost, draft_chain, window_start
 from speclive.drafting.retrieval import Candidates
@@ -126,7 +127,7 @@ class HybridDrafter(SuffixDrafter):
         self.model_runs = 0
         self.detail = f"draft={draft.name} datastore={self.store.n if self.store else 0} tokens"
 
-    def start(self, target: Backend, context: Sequence[int]) -> None:
+    def start(self, target: DraftTarget, context: Sequence[int]) -> None:
         super().start(target, context)
         if self.model.draft.tokenizer.encode("Hello world") != target.tokenizer.encode("Hello world"):
             raise ConfigError(

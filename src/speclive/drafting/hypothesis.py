@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from speclive.backends.base import Backend
-from speclive.drafting.base import Drafter, StepFeedback
+from speclive.drafting.base import Drafter, DraftTarget, StepFeedback
 from speclive.drafting.tree import DraftTree
 
 
@@ -59,7 +58,7 @@ class HypothesisDrafter(Drafter):
                 out.append(ids)
         self.hypotheses = out
 
-    def start(self, target: Backend, context: Sequence[int]) -> None:
+    def start(self, target: DraftTarget, context: Sequence[int]) -> None:
         super().start(target, context)
         self._start = len(context)
         self._from_tail = False

@@ -18,10 +18,11 @@ caught up, and one stderr line says so with the numbers. Until the target's step
 catches the draft cache up in one batched ``extend`` (``Backend.sync``), and is skipped when even
 α = ``CEILING_ALPHA`` could not pay for that catch-up.
 
-The draft model reads only the last ``window`` tokens of the prompt (default 96). A draft
-costs ~45 % of a target step on this CPU, so prefilling a 400-token prompt into the draft
-model costs more than the drafts can win back in 128 tokens; local context is what a draft
-needs anyway. The window start is fixed per generation so the draft cache keeps growing.
+The draft model reads only the last ``window`` tokens of the prompt (default 96). Where a
+draft step costs a sizeable fraction of a target step (a CPU), prefilling a long prompt into
+the draft model can cost more than its drafts win back over a typical answer; local context
+is what a draft needs anyway. The window start is fixed per generation so the draft cache
+keeps growing.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import numpy as np
 
 from speclive.acceptance import softmax
 from speclive.backends.base import Backend, BackendState, common_prefix_len
-from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter, DraftTarget
 from speclive.drafting.priors import draft_alpha
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError
@@ -180,7 +181,7 @@ class ModelDrafter(Drafter):
         self._said = False
         self.log: Callable[[str], None] = _stderr
 
-    def start(self, target: Backend, context: Sequence[int]) -> None:
+    def start(self, target: DraftTarget, context: Sequence[int]) -> None:
         super().start(target, context)
         if (
             self.draft.vocab_size > target.vocab_size + 1024

@@ -36,8 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from speclive.backends.base import Backend
-from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter, StepFeedback
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter, DraftTarget, StepFeedback
 from speclive.drafting.priors import copy_survival
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError
@@ -118,7 +117,7 @@ class NgramDrafter(Drafter):
         #: match length of the last lookup (0 = none)
         self.last_match = 0
 
-    def start(self, target: Backend, context: Sequence[int]) -> None:
+    def start(self, target: DraftTarget, context: Sequence[int]) -> None:
         super().start(target, context)
         for a in [*self.by_bucket.values(), *self.output_buckets.values()]:
             a.target_cost = target.cost

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from speclive.backends.base import Backend, common_prefix_len
-from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
+from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter, DraftTarget
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError
 
@@ -137,7 +137,7 @@ class SpecASRDrafter(Drafter):
         #: stats: draft tokens reused without decoding
         self.recycled = 0
 
-    def start(self, target: Backend, context: Sequence[int]) -> None:
+    def start(self, target: DraftTarget, context: Sequence[int]) -> None:
         super().start(target, context)
         if self.bridge is None:
             if self.draft.vocab_size != target.vocab_size:

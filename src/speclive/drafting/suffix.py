@@ -20,8 +20,8 @@ Each step (Algorithm 1, twice):
    plain AR by ``min_gain`` nothing is drafted (with a periodic probe so calibration recovers).
 
 **Free probes.** A probe (a few nodes verified although they are not expected to pay, so that a
-switched-off chain or store can be switched back on) costs a verification pass: on this CPU a
-1-node probe costs 0.6-0.8 of a step, and a drafter that is off on chat probes every 8-256
+switched-off chain or store can be switched back on) costs a verification pass: on a CPU a
+1-node probe costs most of a step, and a drafter that is off on chat probes every 8-256
 steps. But whether a probe would be accepted is already decided by the tokens the target
 commits without it: under greedy acceptance a node is accepted exactly when it equals the
 target's next token, which the plain AR step commits anyway. So probes are not sent; they are
@@ -42,8 +42,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from speclive.backends.base import Backend
-from speclive.drafting.base import AdaptiveLength, Drafter, ProbeBackoff, StepFeedback
-from speclive.drafting.datastore import SuffixDatastore
+from speclive.drafting.base import AdaptiveLength, Drafter, DraftTarget, ProbeBackoff, StepFeedback
+from speclive.drafting.datastore import DEFAULT_MAX_BYTES, SuffixDatastore
 from speclive.drafting.ngram import (
     BUCKET_PRIOR,
     COPY_ADAPTIVE,
@@ -168,7 +168,7 @@ class SuffixDrafter(Drafter):
         self.detail = f"datastore={self.store.n if self.store else 0} tokens"
 
     # ---- lifecycle ------------------------------------------------------------------
-    def start(self, target: Backend, context: Sequence[int]) -> None:
+    def start(self, target: DraftTarget, context: Sequence[int]) -> None:
         super().start(target, context)
         if self.store is not None:
             v = self.store.meta.get("tokenizer", {}).get("vocab_size")
@@ -393,8 +393,6 @@ def load_datastore(path: str | None, target: Backend, max_mb: float | None = Non
     """Load a datastore for ``target`` (None stays None); refuses other tokenizers."""
     if not path:
         return None
-    from speclive.drafting.datastore import DEFAULT_MAX_BYTES
-
     budget = DEFAULT_MAX_BYTES if max_mb is None else int(max_mb * 2**20)
     return SuffixDatastore.load(path, target.tokenizer, max_bytes=budget)
 

@@ -36,6 +36,7 @@ import math
 import threading
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,11 +49,15 @@ from speclive.decoder import (
     GenerationResult,
     GenerationStats,
     StepEvent,
+    VerifyPass,
     checked_request,
     drain,
 )
 from speclive.drafting.base import Drafter
+from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError, ContextOverflowError, EngineUnavailableError
+from speclive.loader import tokenizer_for
+from speclive.models.resolve import resolve
 from speclive.tokenizer import Tokenizer
 
 #: top-k log-probs asked per candidate position (vLLM's default ``--max-logprobs`` is 20)
@@ -354,21 +359,21 @@ class VLLMEngine:
 
 
 class VLLMDecoder:
-    """The sessions' decode loop on vLLM; the interface of ``SpeculativeDecoder``.
+    """The sessions' decode loop on vLLM; the ``speclive.decoder.Decoder`` interface.
 
-    With a previous-output drafter (``HistoryDrafter``: SSBD, PredGen) one ``generate`` is
-    one verification request for the whole previous output, the session's acceptance rule on
-    the returned log-probs, then one streamed greedy completion from the accepted prefix and
-    the bonus token. Without a drafter it is one streamed completion (plain vLLM decoding, the
-    baselines). The session is bound to one replica from construction to ``close``.
+    With a drafter that prepares its whole draft (``Drafter.prepared_draft``: the previous
+    output of SSBD and PredGen, ``HistoryDrafter``) one ``generate`` is one verification
+    request for that draft, the session's acceptance rule on the returned log-probs, then one
+    streamed greedy completion from the accepted prefix and the bonus token. Without a drafter
+    it is one streamed completion (plain vLLM decoding, the baselines). Its steps are accounted
+    as the in-process loop's (``Commit.step``). The session is bound to one replica from
+    construction to ``close``.
     """
 
     def __init__(
         self, engine: VLLMEngine, drafter: Drafter | None = None, rule: AcceptanceRule | None = None
     ):
-        from speclive.drafting.history import HistoryDrafter
-
-        if drafter is not None and not isinstance(drafter, HistoryDrafter):
+        if drafter is not None and drafter.prepared_draft(0) is None:
             raise ConfigError(
                 f"the vLLM engine drafts from a session's previous output only, not with "
                 f"{type(drafter).__name__}; use vLLM's own speculative_config for n-gram, suffix "
@@ -425,82 +430,77 @@ class VLLMDecoder:
         cfg, prompt = checked_request(prompt_ids, config)
         self._check_len(prompt)
         rep = self._usable()
-        eng, tok = self.engine, self.engine.tokenizer
         stats = GenerationStats(prompt_tokens=len(prompt))
-        commit = Commit(tok, cfg, stats)
-        out = commit.out
-        t_start = time.perf_counter()
-
-        draft, sources = self._draft(prompt, cfg)
-        if draft:
-            t0 = time.perf_counter()
-            rows, _ = eng.score(rep, prompt, draft)
-            t1 = time.perf_counter()
-            matrix, ids = logprob_matrix(rows, eng.top_k, eng.vocab_size)
-            col = {t: j for j, t in enumerate(ids)}
-            tokens = [0, *(col[t] for t in draft)]
-            parents = list(range(-1, len(draft)))
-            rule = self.rule or GreedyRule()
-            verdict = rule.accept(tokens, parents, matrix, sources=[None, *sources])
-            if verdict.bonus >= len(ids):
-                raise RuntimeError("acceptance picked an unlisted token: the log-prob rows are inconsistent")
-            accepted = [draft[i - 1] for i in verdict.path[1:]]
-            t2 = time.perf_counter()
-            stats.target_forwards += 1
-            stats.drafted += len(draft)
-            stats.accepted += len(accepted)
-            stats.verify_s += t2 - t0
-            step_sources: dict[str, int] = {}
-            for s in sources:
-                stats.drafted_by_source[s] = stats.drafted_by_source.get(s, 0) + 1
-            for s in sources[: len(accepted)]:
-                step_sources[s] = step_sources.get(s, 0) + 1
-                stats.accepted_by_source[s] = stats.accepted_by_source.get(s, 0) + 1
-            committed, delta = commit.add([*accepted, ids[verdict.bonus]])
-            stats.total_s = time.perf_counter() - t_start
-            yield StepEvent(
-                committed, delta, len(draft), len(accepted), 0.0, t1 - t0, step_sources, stats=stats
-            )
+        commit = Commit(self.engine.tokenizer, cfg, stats)
+        t0 = time.perf_counter()
+        tree = self._draft(prompt, cfg)
+        if len(tree):
+            yield self._verify(rep, prompt, tree, commit, time.perf_counter() - t0)
         if not stats.finish_reason:
-            remaining = cfg.max_tokens - len(out)
-            chunks = eng.stream(
-                rep,
-                prompt + out,
-                remaining,
-                tok.eos_ids,
-                temperature=cfg.temperature,
-                seed=cfg.seed,
-                ignore_eos=cfg.ignore_eos,
-            )
-            try:
-                t0 = time.perf_counter()
-                for new in chunks:
-                    t1 = time.perf_counter()
-                    stats.target_forwards += len(new)
-                    stats.verify_s += t1 - t0
-                    committed, delta = commit.add(new)
-                    stats.total_s = time.perf_counter() - t_start
-                    yield StepEvent(committed, delta, 0, 0, 0.0, t1 - t0, stats=stats)
-                    if stats.finish_reason:
-                        break
-                    t0 = time.perf_counter()
-            finally:
-                chunks.close()
-            if not stats.finish_reason:  # the stream ended without our stop: vLLM's limits
-                stats.finish_reason = "length" if len(out) >= cfg.max_tokens else "eos"
-        stats.new_tokens = len(out)
-        stats.total_s = time.perf_counter() - t_start
-        return GenerationResult(list(out), commit.full, stats)
+            yield from self._complete(rep, prompt, cfg, commit)
+        stats.new_tokens = len(commit.out)
+        stats.total_s = time.perf_counter() - commit.t_start
+        return GenerationResult(list(commit.out), commit.full, stats)
 
-    def _draft(self, prompt: list[int], cfg: GenerationConfig) -> tuple[list[int], list[str]]:
-        """The previous output as one chain (what fits before ``max_tokens``), with its sources."""
-        d = self.drafter
-        if d is None or not d.history:  # type: ignore[attr-defined]
-            return [], []
+    def stepwise(
+        self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
+    ) -> Generator[StepEvent | VerifyPass, np.ndarray | None, GenerationResult]:
+        """``generate``: vLLM runs every pass itself, so no ``VerifyPass`` is handed out."""
+        return (yield from self.generate(prompt_ids, config))
+
+    def _verify(
+        self, rep: Replica, prompt: list[int], tree: DraftTree, commit: Commit, draft_s: float
+    ) -> StepEvent:
+        """ONE request scores the draft chain ``tree``; the rule accepts; the step is committed."""
+        eng = self.engine
+        draft = tree.tokens
+        t0 = time.perf_counter()
+        rows, _ = eng.score(rep, prompt, draft)
+        matrix, ids = logprob_matrix(rows, eng.top_k, eng.vocab_size)
+        col = {t: j for j, t in enumerate(ids)}
+        tokens = [0, *(col[t] for t in draft)]
+        parents = list(range(-1, len(draft)))
+        rule = self.rule or GreedyRule()
+        sources = None if tree.sources is None else [None, *tree.sources]
+        verdict = rule.accept(tokens, parents, matrix, sources=sources)
+        if verdict.bonus >= len(ids):
+            raise RuntimeError("acceptance picked an unlisted token: the log-prob rows are inconsistent")
+        accepted = [i - 1 for i in verdict.path[1:]]
+        new = [draft[i] for i in accepted] + [ids[verdict.bonus]]
+        return commit.step(new, tree, accepted, draft_s, time.perf_counter() - t0)
+
+    def _complete(
+        self, rep: Replica, prompt: list[int], cfg: GenerationConfig, commit: Commit
+    ) -> Generator[StepEvent, None, None]:
+        """The rest as one streamed completion after the committed tokens, a step per chunk."""
+        stats, out, tok = commit.stats, commit.out, self.engine.tokenizer
+        chunks = self.engine.stream(
+            rep,
+            prompt + out,
+            cfg.max_tokens - len(out),
+            tok.eos_ids,
+            temperature=cfg.temperature,
+            seed=cfg.seed,
+            ignore_eos=cfg.ignore_eos,
+        )
+        try:
+            t0 = time.perf_counter()
+            for new in chunks:
+                yield commit.step(new, DraftTree(), [], 0.0, time.perf_counter() - t0, forwards=len(new))
+                if stats.finish_reason:
+                    break
+                t0 = time.perf_counter()
+        finally:
+            chunks.close()
+        if not stats.finish_reason:  # the stream ended without our stop: vLLM's limits
+            stats.finish_reason = "length" if len(out) >= cfg.max_tokens else "eos"
+
+    def _draft(self, prompt: list[int], cfg: GenerationConfig) -> DraftTree:
+        """The drafter's prepared draft (the previous output), what fits before ``max_tokens``."""
+        if self.drafter is None:
+            return DraftTree()
         budget = max(0, min(cfg.max_draft_nodes, cfg.max_tokens - 1, self.engine.n_ctx - len(prompt) - 1))
-        draft = list(d.history[:budget])  # type: ignore[attr-defined]
-        forced = min(d.forced, len(draft))  # type: ignore[attr-defined]
-        return draft, ["forced"] * forced + ["history"] * (len(draft) - forced)
+        return self.drafter.prepared_draft(budget) or DraftTree()
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         return drain(self.generate(prompt_ids, config))
@@ -518,8 +518,6 @@ def connect(
     ``model``'s (a speclive model name, HF folder or hub id). Token ids must agree with the
     server's: checked on a probe text with vLLM's ``/tokenize``.
     """
-    from pathlib import Path
-
     if isinstance(urls, str):
         urls = urls.split(",")
     flat = [u.strip() for part in urls for u in str(part).split(",") if u.strip()]
@@ -528,9 +526,6 @@ def connect(
     if Path(served).is_dir():
         tok = Tokenizer.from_pretrained(served)
     elif model:
-        from speclive.loader import tokenizer_for
-        from speclive.models.resolve import resolve
-
         tok = tokenizer_for(resolve(model))
     else:
         raise ConfigError(f"cannot load a tokenizer for the served model {served!r}: name it with --model")

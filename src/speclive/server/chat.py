@@ -1,12 +1,13 @@
-"""The chat model behind ``/v1/chat/completions``: one ``SpeculativeDecoder`` per request.
+"""The chat model behind ``/v1/chat/completions``: one decoder (``make_decoder``) per request.
 
 With ``--engine vllm`` the model is a ``VLLMEngine``: each request becomes one streamed
 ``/v1/completions`` request to a vLLM replica (the chat template applied here, with the
 served model's tokenizer), and vLLM's own speculative decoding does the drafting.
 
 ``ChatEngine.generate`` is the iterator a ``ModelWorker`` advances one decoder step per turn.
-Its verification passes are ``Batched`` requests: the worker runs the passes of all the
-completions in progress as one ``extend_many`` (llama.cpp: one decode over their sequences).
+It drives the decoder's ``stepwise`` generator: each verification pass it hands out becomes a
+``Batched`` request, and the worker runs the passes of all the completions in progress as one
+``extend_many`` (llama.cpp: one decode over their sequences); a remote engine hands out none.
 Each request gets its own decoder, hence its own KV state and drafter, over the shared backend;
 the state is released in the iterator's ``finally`` when the generation ends, fails or is
 cancelled, so sessions never see each other's cache. Speculation is on by default (the
@@ -20,8 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from speclive.backends.base import Backend
-from speclive.decoder import GenerationConfig, GenerationStats, SpeculativeDecoder, make_decoder
+from speclive.decoder import GenerationConfig, GenerationStats, VerifyPass, make_decoder
 from speclive.drafting.base import Drafter
+from speclive.engines.vllm import connect
+from speclive.knowledge import KnowledgeStore, disabled_by_env
+from speclive.loader import load_backend, make_drafter
 from speclive.server.config import ServerConfig
 from speclive.server.worker import Batched
 
@@ -101,12 +105,8 @@ class ChatEngine:
     @classmethod
     def load(cls, config: ServerConfig) -> ChatEngine:
         if config.engine == "vllm":
-            from speclive.engines.vllm import connect
-
             # vLLM speculates on its own (its --speculative-config); requests are forwarded
             return cls(connect(config.vllm_urls, model=config.model, top_k=config.vllm_top_k), config)  # type: ignore[arg-type]
-        from speclive.loader import load_backend
-
         # llama.cpp: a KV state per session the server may hold, so sessions do not evict each
         # other (an evicted conversation is prefilled again: under load that thrashes); past 15
         # states the trees get fewer branches (llama.cpp has 256 sequence ids in all)
@@ -129,8 +129,6 @@ class ChatEngine:
         return engine
 
     def new_drafter(self) -> Drafter | None:
-        from speclive.loader import make_drafter
-
         c = self.config
         if c.engine == "vllm":
             return None
@@ -161,38 +159,26 @@ class ChatEngine:
         )
         drafter = self.new_drafter()
         knowledge = None
-        if drafter is not None and self.config.knowledge:
-            from speclive.knowledge import KnowledgeStore, disabled_by_env
-
-            if not disabled_by_env():
-                # every request has a fresh drafter: it starts from what earlier ones learned
-                knowledge = KnowledgeStore(self.backend, drafter, self.config.drafter)
+        if drafter is not None and self.config.knowledge and not disabled_by_env():
+            # every request has a fresh drafter: it starts from what earlier ones learned
+            knowledge = KnowledgeStore(self.backend, drafter, self.config.drafter)
         dec = make_decoder(self.backend, drafter, knowledge=knowledge)
-        if not isinstance(dec, SpeculativeDecoder):  # a remote engine runs its own loop
-            steps = dec.generate(ids, cfg)
-            try:
-                while True:
-                    try:
-                        ev = next(steps)
-                    except StopIteration as done:  # the generator returns the result
-                        result = done.value
-                        break
-                    yield ChatDelta(ev.text, len(ev.tokens), ev.drafted, ev.accepted)
-                yield ChatDone(result.stats)
-            finally:
-                steps.close()  # the drafter's end() before the state goes
-                dec.close()
-            return
-        gen = None
+        steps = dec.stepwise(ids, cfg)
         try:
-            gen = dec.start(ids, cfg)
-            while (p := gen.next_pass()) is not None:
-                # the worker runs this pass together with the other requests' (one decode)
-                logits = yield Batched(self.verify_together, (p.state, p.tokens, p.parents))
-                ev = gen.commit(logits)
-                yield ChatDelta(ev.text, len(ev.tokens), ev.drafted, ev.accepted)
-            yield ChatDone(gen.stats)
+            reply = None
+            while True:
+                try:
+                    item = steps.send(reply)
+                except StopIteration as done:  # the generator returns the result
+                    result = done.value
+                    break
+                if isinstance(item, VerifyPass):
+                    # the worker runs this pass together with the other requests' (one decode)
+                    reply = yield Batched(self.verify_together, (item.state, item.tokens, item.parents))
+                else:
+                    reply = None
+                    yield ChatDelta(item.text, len(item.tokens), item.drafted, item.accepted)
+            yield ChatDone(result.stats)
         finally:
-            if gen is not None:
-                dec.end(gen)  # the drafter's end() before the state goes
+            steps.close()  # the drafter's end() before the state goes
             dec.close()
