@@ -8,6 +8,7 @@ import pytest
 from speclive.errors import ConfigError
 from speclive_bench import asr_stream
 from speclive_bench.live import _asr_variant
+from speclive_bench.stats import paired_ratio
 
 
 def _run(passes: list[tuple[str, int, str]], latency: float, cpu: float) -> dict:
@@ -56,9 +57,9 @@ def test_summary_pairs_per_turn_ratios():
 
 
 def test_paired_ratio_interval_holds_the_median():
-    r = asr_stream.paired_ratio([1, 2, 4, 8], [1, 1, 1, 1])
+    r = paired_ratio([1, 2, 4, 8], [1, 1, 1, 1])
     assert r["lo"] <= r["median"] <= r["hi"] and r["n"] == 4
-    assert asr_stream.paired_ratio([0.0], [1.0])["median"] is None
+    assert paired_ratio([0.0], [1.0])["median"] is None
 
 
 def test_method_selection_adds_its_references():

@@ -1,5 +1,6 @@
-"""The benchmark harness: the import graph of ``speclive_bench``, the run header (git state,
-load average), the Talon verdict rule and the reference AR the exactness checks re-run."""
+"""The benchmark harness: the import graph of ``speclive_bench``, the interleaved loop, the run
+header (git state, load average), the Talon verdict rule and the reference AR the exactness
+checks re-run."""
 
 from __future__ import annotations
 
@@ -12,12 +13,25 @@ from context_lm import ASSISTANT, EOS, USER, ContextLM, reference_greedy
 
 from speclive_bench import report
 from speclive_bench.exactness import ar_logit_gap
+from speclive_bench.harness import interleaved, rotated, run_interleaved
 from speclive_bench.reference import greedy_reference, greedy_steps
 from speclive_bench.talon import verdict
 
 BENCH = Path(report.__file__).resolve().parent
 #: shared by every benchmark; they import no benchmark module
-HARNESS = {"report", "prompts", "costcurve", "exactness", "datasets", "peers", "vllm_peer", "reference", "launch"}
+HARNESS = {
+    "report",
+    "prompts",
+    "costcurve",
+    "exactness",
+    "datasets",
+    "peers",
+    "vllm_peer",
+    "reference",
+    "launch",
+    "stats",
+    "harness",
+}
 
 
 # ------------------------------------------------------------------------------------ imports
@@ -85,6 +99,62 @@ def test_bench_imports_flow_one_way() -> None:
 
     for m in top:
         visit(m, [])
+
+
+def test_no_bench_function_is_longer_than_a_screen() -> None:
+    long = []
+    for path in sorted(BENCH.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if n > 80:
+                    long.append(f"{path.stem}.{node.name}: {n} lines")
+    assert not long, "\n".join(long)
+
+
+# ------------------------------------------------------------------------------------ the loop
+def test_rotation_per_sample() -> None:
+    assert rotated("abc", 0) == ["a", "b", "c"]
+    assert rotated("abc", 4) == ["b", "c", "a"]
+    assert rotated([], 3) == []
+    assert interleaved(1, "abc", "xy") == ["b", "c", "a", "y", "x"]
+
+
+def test_run_interleaved_order_errors_and_repeats() -> None:
+    calls: list[tuple[str, int]] = []
+    errors: list[tuple[str, int, str]] = []
+    seen: list[tuple[int, list[str]]] = []
+
+    def run_one(m: str, s: int) -> dict:
+        calls.append((m, s))
+        if (m, s) == ("b", 1):
+            raise ValueError("broken")
+        return {"m": m, "s": s}
+
+    records = run_interleaved(
+        [0, 1, 2],
+        ["a", "b"],
+        run_one,
+        then=["c"],
+        progress=False,
+        on_error=lambda m, s, e: errors.append((m, s, e)),
+        after_sample=lambda s, done: seen.append((s, [m for m, _ in done])),
+    )
+    order = [("a", 0), ("b", 0), ("c", 0), ("b", 1), ("a", 1), ("c", 1), ("a", 2), ("b", 2), ("c", 2)]
+    assert calls == order
+    assert records[3] == {"error": "ValueError: broken"} and errors == [("b", 1, "ValueError: broken")]
+    assert records[4] == {"m": "a", "s": 1}
+    assert seen == [(0, ["a", "b", "c"]), (1, ["b", "a", "c"]), (2, ["a", "b", "c"])]
+    # repeats continue the rotation and mark the records
+    again = run_interleaved([0], ["a", "b"], lambda m, s: {"m": m}, repeats=2, progress=False)
+    assert again == [
+        {"m": "a", "repeat": 0},
+        {"m": "b", "repeat": 0},
+        {"m": "b", "repeat": 1},
+        {"m": "a", "repeat": 1},
+    ]
+    with pytest.raises(ValueError):
+        run_interleaved([1], ["b"], run_one, catch=False, progress=False)
 
 
 # ------------------------------------------------------------------------------------ header

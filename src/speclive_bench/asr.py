@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from speclive.tts.piper import PiperTTS
 from speclive.tts.sentences import split_sentences
 from speclive_bench.costcurve import CURVE_COLUMNS
 from speclive_bench.datasets import mtbench_questions
+from speclive_bench.harness import rotated
 from speclive_bench.report import _pyplot, markdown_preamble, md_table, word_error_rate
 
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
@@ -216,9 +217,46 @@ def run_asr_bench(
     audio_s = sum(c.seconds for c in clips)
     log(f"{len(clips)} clips, {audio_s:.1f} s of audio")
     target = load_whisper(model, device=device)
-    drafts: dict[tuple[str, float | None], Any] = {}
     variants = default_variants(draft, self_draft, draft_margin_s, faster_whisper=device == "cpu")
+    runners = _transcribers(variants, model, target, device, clips[0].audio)
+    results, target_enc_ms = _transcribe_all(variants, runners, target, clips, log)
+    for tr in runners:
+        tr.close()
+    ar_index = next(i for i, v in enumerate(variants) if v.method == "ar")
+    ar_ids = {c.name: results[ar_index][ci].token_ids for ci, c in enumerate(clips)}
     rows: list[dict[str, Any]] = []
+    for vi, v in enumerate(variants):
+        row = _variant_row(v, clips, results[vi], target_enc_ms[vi], ar_ids, audio_s)
+        rows.append(row)
+        log(
+            f"{v.label:34s} total {row['total_ms_10s']:7.0f} ms/10s  draft {row['draft_ms_10s']:6.0f}  "
+            f"tau {row['tau'] or 0:.2f}  WER {row['wer']:.3f}  identical {row['identical']}"
+        )
+    _add_speedups(rows, draft)
+    curve = cost_curve(target, clips[0].audio, list(curve_ks))
+    # a perfect draft of k-1 tokens commits k tokens per pass of cost t(k)/t(1) (paper max: 24 + 1)
+    ideal = max(c["k"] / c["ratio"] for c in curve if c["k"] <= 25)
+    return {
+        "clips": [
+            {"name": c.name, "source": c.source, "seconds": c.seconds, "reference": c.reference}
+            for c in clips
+        ],
+        "audio_s": audio_s,
+        "rows": rows,
+        "curve": curve,
+        "ideal_bound": ideal,
+        "model": model,
+        "draft": draft,
+        "self_draft": self_draft,
+    }
+
+
+def _transcribers(
+    variants: Sequence[Variant], model: str, target: Any, device: str, warm_audio: np.ndarray
+) -> list[Transcriber]:
+    """One transcriber per variant (draft models loaded once each), each warmed up on
+    ``warm_audio`` (which also loads faster-whisper)."""
+    drafts: dict[tuple[str, float | None], Any] = {}
     runners = []
     for v in variants:
         spec = SpecASRConfig(**v.specasr)
@@ -243,73 +281,91 @@ def run_asr_bench(
                 )
             dback = drafts[key]
         tr = Transcriber(cfg, target=None if v.method == "faster-whisper" else target, draft_backend=dback)
-        tr.transcribe(clips[0].audio)  # warm-up (also loads faster-whisper)
+        tr.transcribe(warm_audio)
         runners.append(tr)
-    # clip-major order, each clip's variants in a rotated order: a slow spell of this shared
-    # machine then lands on every method alike instead of on whichever row ran during it
+    return runners
+
+
+def _transcribe_all(
+    variants: Sequence[Variant],
+    runners: Sequence[Transcriber],
+    target: Any,
+    clips: Sequence[Clip],
+    log: Callable[[str], None],
+) -> tuple[list[list[Any]], list[list[float]]]:
+    """Every clip with every variant: (results, the target's encoder ms) per variant and clip.
+
+    Clip-major order, each clip's variants in a rotated order: a slow spell of this shared
+    machine then lands on every method alike instead of on whichever row ran during it."""
     results: list[list[Any]] = [[None] * len(clips) for _ in variants]
     target_enc_ms = [[0.0] * len(clips) for _ in variants]
     for ci, c in enumerate(clips):
-        for step in range(len(variants)):
-            vi = (ci + step) % len(variants)
+        for vi in rotated(range(len(variants)), ci):
             results[vi][ci] = runners[vi].transcribe(c.audio)
             if variants[vi].method != "faster-whisper":
                 target_enc_ms[vi][ci] = target.context.encode_s * 1000
         log(f"clip {ci + 1}/{len(clips)} ({c.name}) done")
-    for tr in runners:
-        tr.close()
-    ar_index = next(i for i, v in enumerate(variants) if v.method == "ar")
-    ar_ids = {c.name: results[ar_index][ci].token_ids for ci, c in enumerate(clips)}
-    for vi, v in enumerate(variants):
-        tot = {"decode_ms": 0.0, "draft_ms": 0.0, "verify_ms": 0.0, "encode_ms": 0.0, "draft_encode_ms": 0.0}
-        tf = df = toks = 0
-        identical = True
-        hyps, refs, per_clip = [], [], []
-        for ci, c in enumerate(clips):
-            r = results[vi][ci]
-            s = r.stats
-            tot["decode_ms"] += s.decode_ms
-            tot["draft_ms"] += s.draft_ms
-            tot["verify_ms"] += s.verify_ms
-            enc_t = target_enc_ms[vi][ci]
-            tot["encode_ms"] += enc_t
-            tot["draft_encode_ms"] += max(0.0, s.encode_ms - enc_t)
-            tf += s.target_forwards
-            df += s.draft_forwards
-            toks += s.new_tokens
-            ids = r.token_ids
-            same = ar_ids.get(c.name) == ids if v.method not in ("ar", "faster-whisper") else None
-            if same is False:
-                identical = False
-            hyps.append(_norm(r.text))
-            refs.append(_norm(c.reference))
-            per_clip.append({"clip": c.name, "text": r.text, "tokens": s.new_tokens, "identical": same})
-        per10 = 10.0 / audio_s
-        row = {
-            "label": v.label,
-            "method": v.method,
-            "draft": v.draft or "-",
-            "sd_len": v.sd_len if v.method == "sd" else None,
-            "specasr": v.specasr if v.method == "specasr" else None,
-            "tokens": toks,
-            "target_forwards": tf,
-            "draft_forwards": df,
-            "tau": toks / tf if tf else None,
-            "draft_ms_10s": tot["draft_ms"] * per10 if v.method not in ("ar", "faster-whisper") else 0.0,
-            "target_ms_10s": tot["verify_ms"] * per10 if v.method != "faster-whisper" else None,
-            "total_ms_10s": tot["decode_ms"] * per10,
-            "encoder_ms_10s": tot["encode_ms"] * per10,
-            "draft_encoder_ms_10s": tot["draft_encode_ms"] * per10,
-            "e2e_ms_10s": (tot["decode_ms"] + tot["encode_ms"] + tot["draft_encode_ms"]) * per10,
-            "wer": word_error_rate(refs, hyps),
-            "identical": identical if v.method not in ("ar", "faster-whisper") else None,
-            "clips": per_clip,
-        }
-        rows.append(row)
-        log(
-            f"{v.label:34s} total {row['total_ms_10s']:7.0f} ms/10s  draft {row['draft_ms_10s']:6.0f}  "
-            f"tau {row['tau'] or 0:.2f}  WER {row['wer']:.3f}  identical {row['identical']}"
-        )
+    return results, target_enc_ms
+
+
+def _variant_row(
+    v: Variant,
+    clips: Sequence[Clip],
+    results: Sequence[Any],
+    target_enc_ms: Sequence[float],
+    ar_ids: Mapping[str, Any],
+    audio_s: float,
+) -> dict[str, Any]:
+    """One variant's row: tokens, forwards, milliseconds per 10 s of audio, WER, identity."""
+    tot = {"decode_ms": 0.0, "draft_ms": 0.0, "verify_ms": 0.0, "encode_ms": 0.0, "draft_encode_ms": 0.0}
+    tf = df = toks = 0
+    identical = True
+    hyps, refs, per_clip = [], [], []
+    for ci, c in enumerate(clips):
+        r = results[ci]
+        s = r.stats
+        tot["decode_ms"] += s.decode_ms
+        tot["draft_ms"] += s.draft_ms
+        tot["verify_ms"] += s.verify_ms
+        enc_t = target_enc_ms[ci]
+        tot["encode_ms"] += enc_t
+        tot["draft_encode_ms"] += max(0.0, s.encode_ms - enc_t)
+        tf += s.target_forwards
+        df += s.draft_forwards
+        toks += s.new_tokens
+        ids = r.token_ids
+        same = ar_ids.get(c.name) == ids if v.method not in ("ar", "faster-whisper") else None
+        if same is False:
+            identical = False
+        hyps.append(_norm(r.text))
+        refs.append(_norm(c.reference))
+        per_clip.append({"clip": c.name, "text": r.text, "tokens": s.new_tokens, "identical": same})
+    per10 = 10.0 / audio_s
+    return {
+        "label": v.label,
+        "method": v.method,
+        "draft": v.draft or "-",
+        "sd_len": v.sd_len if v.method == "sd" else None,
+        "specasr": v.specasr if v.method == "specasr" else None,
+        "tokens": toks,
+        "target_forwards": tf,
+        "draft_forwards": df,
+        "tau": toks / tf if tf else None,
+        "draft_ms_10s": tot["draft_ms"] * per10 if v.method not in ("ar", "faster-whisper") else 0.0,
+        "target_ms_10s": tot["verify_ms"] * per10 if v.method != "faster-whisper" else None,
+        "total_ms_10s": tot["decode_ms"] * per10,
+        "encoder_ms_10s": tot["encode_ms"] * per10,
+        "draft_encoder_ms_10s": tot["draft_encode_ms"] * per10,
+        "e2e_ms_10s": (tot["decode_ms"] + tot["encode_ms"] + tot["draft_encode_ms"]) * per10,
+        "wer": word_error_rate(refs, hyps),
+        "identical": identical if v.method not in ("ar", "faster-whisper") else None,
+        "clips": per_clip,
+    }
+
+
+def _add_speedups(rows: Sequence[dict[str, Any]], draft: str) -> None:
+    """Speedups over ``ar`` (decode and end to end), SpecASR's over the best plain SD with
+    ``draft``, and the bound a free draft would give."""
     ar = next(r for r in rows if r["method"] == "ar")
     plain = {r["label"]: r for r in rows if r["method"] == "sd" and r["draft"] == draft}
     best_sd = min((r["total_ms_10s"] for r in plain.values()), default=None)
@@ -322,22 +378,6 @@ def run_asr_bench(
         bound = ar["total_ms_10s"] / r["target_ms_10s"] if r.get("target_ms_10s") else None
         r["bound"] = bound if r["method"] not in ("ar", "faster-whisper") else None
         r["of_bound"] = r["speedup_vs_ar"] / bound if r["bound"] else None
-    curve = cost_curve(target, clips[0].audio, list(curve_ks))
-    # a perfect draft of k-1 tokens commits k tokens per pass of cost t(k)/t(1) (paper max: 24 + 1)
-    ideal = max(c["k"] / c["ratio"] for c in curve if c["k"] <= 25)
-    return {
-        "clips": [
-            {"name": c.name, "source": c.source, "seconds": c.seconds, "reference": c.reference}
-            for c in clips
-        ],
-        "audio_s": audio_s,
-        "rows": rows,
-        "curve": curve,
-        "ideal_bound": ideal,
-        "model": model,
-        "draft": draft,
-        "self_draft": self_draft,
-    }
 
 
 COLUMNS: tuple[tuple[str, str, int], ...] = (

@@ -52,7 +52,9 @@ from speclive.tts.piper import PiperTTS
 from speclive.tts.sentences import split_sentences
 from speclive_bench.asr import Clip
 from speclive_bench.datasets import mtbench_questions
+from speclive_bench.harness import rotated
 from speclive_bench.report import _pyplot, markdown_preamble, md_table, word_error_rate
+from speclive_bench.stats import paired_ratio, percentile
 
 METHODS = (
     "ar",
@@ -200,10 +202,8 @@ def run_stream_bench(
     rows: list[dict[str, Any]] = []
     for i, clip in enumerate(clips):
         silence_t = last_speech_end(StreamingVAD()(clip.audio))
-        k = i % len(methods)
-        order = list(methods[k:]) + list(methods[:k])
         runs = {}
-        for m in order:
+        for m in rotated(methods, i):
             tr, draft = transcribers[m]
             runs[m] = run_stream(tr, draft, clip, silence_t, step_s)
         for m in methods:
@@ -237,26 +237,7 @@ def run_stream_bench(
     return {"rows": rows, "methods": list(methods), "summary": summarize(rows, methods)}
 
 
-# ---- statistics -------------------------------------------------------------------------------
-def paired_ratio(base: Sequence[float], new: Sequence[float], n: int = 2000, seed: int = 0) -> dict:
-    """Median and geometric mean of per-sample ratios new/base, the median's 95 % bootstrap
-    interval."""
-    b, m = np.asarray(base, float), np.asarray(new, float)
-    ok = b > 0
-    r = m[ok] / b[ok]
-    if r.size == 0:
-        return {"median": None, "lo": None, "hi": None, "geomean": None, "n": 0}
-    idx = np.random.default_rng(seed).integers(0, r.size, size=(n, r.size))
-    sims = np.median(r[idx], axis=1)
-    return {
-        "median": float(np.median(r)),
-        "lo": float(np.percentile(sims, 2.5)),
-        "hi": float(np.percentile(sims, 97.5)),
-        "geomean": float(np.exp(np.mean(np.log(np.maximum(r, 1e-9))))),
-        "n": int(r.size),
-    }
-
-
+# ---- summary ----------------------------------------------------------------------------------
 def _norm(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " ")).split())
 
@@ -275,10 +256,6 @@ def _partial_wer(rows: Sequence[dict], m: str, target: str = "ar") -> float | No
                 refs.append(_norm(x["text"]))
                 hyps.append(_norm(y["text"]))
     return word_error_rate(refs, hyps) if refs else None
-
-
-def _pct(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if len(values) else None
 
 
 def summarize(rows: Sequence[dict], methods: Sequence[str]) -> list[dict[str, Any]]:
@@ -302,10 +279,10 @@ def summarize(rows: Sequence[dict], methods: Sequence[str]) -> list[dict[str, An
             "final_dec_passes": statistics.fmean([p["decoder_passes"] for p in finals] or [0]),
             "final_dec_ms": statistics.fmean([p["decoder_ms"] for p in finals] or [0]),
             "final_enc_ms": statistics.fmean([p["encoder_ms"] for p in finals] or [0]),
-            "final_p50_ms": 1000 * (_pct(lat, 50) or 0.0),
-            "final_p90_ms": 1000 * (_pct(lat, 90) or 0.0),
-            "final_p50_le10s_ms": 1000 * (_pct(short, 50) or 0.0),
-            "final_p90_le10s_ms": 1000 * (_pct(short, 90) or 0.0),
+            "final_p50_ms": 1000 * (percentile(lat, 50) or 0.0),
+            "final_p90_ms": 1000 * (percentile(lat, 90) or 0.0),
+            "final_p50_le10s_ms": 1000 * (percentile(short, 50) or 0.0),
+            "final_p90_le10s_ms": 1000 * (percentile(short, 90) or 0.0),
             "turns_le10s": len(short),
             "cpu_s_turn": statistics.fmean([r["runs"][m]["cpu_s"] for r in rows] or [0]),
             "wall_s_turn": statistics.fmean([r["runs"][m]["wall_s"] for r in rows] or [0]),

@@ -44,6 +44,7 @@ from speclive_bench.costcurve import (
     trace_bound,
 )
 from speclive_bench.exactness import ar_logit_gap, first_divergence
+from speclive_bench.harness import run_interleaved
 from speclive_bench.methods import (
     ALL_METHODS,
     BASELINE,
@@ -165,11 +166,8 @@ class DecodeOptions:
         return self.tag or f"{self.target}-{'+'.join(self.backends)}"
 
 
-def _build_methods(
-    opts: DecodeOptions, targets: Mapping[str, Backend], log: Log
-) -> tuple[list[Method], list[str], dict[str, Any]]:
-    """Instantiate every applicable method; returns (methods, skipped reasons, model facts)."""
-
+def _wanted(opts: DecodeOptions) -> list[str]:
+    """The methods asked for, checked, with ``ar`` (and ``vllm-ar`` beside vLLM peers)."""
     wanted = list(dict.fromkeys(opts.methods))
     unknown = [m for m in wanted if method_base(m) not in ALL_METHODS + TALON_METHODS]
     if unknown:
@@ -178,6 +176,15 @@ def _build_methods(
         wanted.append("vllm-ar")
     if "ar" not in wanted:
         wanted.insert(0, "ar")
+    return wanted
+
+
+def _build_methods(
+    opts: DecodeOptions, targets: Mapping[str, Backend], log: Log
+) -> tuple[list[Method], list[str], dict[str, Any]]:
+    """Instantiate every applicable method; returns (methods, skipped reasons, model facts)."""
+
+    wanted = _wanted(opts)
     methods: list[Method] = []
     skipped: list[str] = []
     ref = resolve(opts.target)
@@ -224,50 +231,60 @@ def _build_methods(
     if any(m != method_base(m) for m in vllm_wanted):
         raise ValueError("replicas (NAME#TAG) are for local methods, not vLLM peers")
     if vllm_wanted:
-        py = vllm_python()
-        if py is None:
-            skip("vllm-*", "no vLLM venv at .venv-vllm (run benchmarks/setup_vllm.sh)")
-        elif ref.gguf is None:
-            skip("vllm-*", "the target has no GGUF to convert to an HF folder")
-        else:
-
-            def hf_dir(name: str) -> Path:
-                r = resolve(name)
-                return hf_dir_for_gguf(r.gguf, r.name if r.source == "registry" else None)
-
-            eos = next(iter(targets.values())).tokenizer.eos_ids
-            try:
-                model_dir = hf_dir(opts.target)
-                draft_dir = hf_dir(same_draft) if same_draft and "vllm-draft" in vllm_wanted else None
-            except Exception as e:  # noqa: BLE001
-                skip("vllm-*", f"failed to prepare HF folders: {type(e).__name__}: {e}")
-                vllm_wanted = []
-            else:
-                models["vllm"] = {"target": ref.name, "hf_dir": str(model_dir)}
-            for m in vllm_wanted:
-                if m == "vllm-draft" and draft_dir is None:
-                    skip(m, f"no same-vocabulary default draft for {ref.name}")
-                    continue
-                peer = VllmPeer(
-                    m,
-                    py,
-                    model_dir,
-                    draft_dir if m == "vllm-draft" else None,
-                    eos,
-                    timeout_s=opts.vllm_timeout_s,
-                    num_speculative_tokens=opts.vllm_k,
-                    enforce_eager=opts.vllm_eager,
-                )
-                methods.append(Method(m, "vllm", "vllm", peer, {"draft": drafts.get(m)}))
+        methods += _vllm_methods(vllm_wanted, opts, targets, ref, drafts, models, skip)
     models["drafts"] = {m.key: m.info["draft"] for m in methods if m.info.get("draft")}
     return methods, skipped, models
 
 
-def _rotate(items: Sequence[Method], i: int) -> list[Method]:
-    if not items:
+def _vllm_methods(
+    wanted: Sequence[str],
+    opts: DecodeOptions,
+    targets: Mapping[str, Backend],
+    ref: Any,
+    drafts: Mapping[str, str | None],
+    models: dict[str, Any],
+    skip: Callable[[str, str], None],
+) -> list[Method]:
+    """The vLLM peers asked for (``skip`` says why one cannot run); the HF folders they load
+    are noted in ``models``."""
+    py = vllm_python()
+    if py is None:
+        skip("vllm-*", "no vLLM venv at .venv-vllm (run benchmarks/setup_vllm.sh)")
         return []
-    j = i % len(items)
-    return list(items[j:]) + list(items[:j])
+    if ref.gguf is None:
+        skip("vllm-*", "the target has no GGUF to convert to an HF folder")
+        return []
+
+    def hf_dir(name: str) -> Path:
+        r = resolve(name)
+        return hf_dir_for_gguf(r.gguf, r.name if r.source == "registry" else None)
+
+    same_draft = DEFAULT_DRAFT.get(ref.name)
+    eos = next(iter(targets.values())).tokenizer.eos_ids
+    try:
+        model_dir = hf_dir(opts.target)
+        draft_dir = hf_dir(same_draft) if same_draft and "vllm-draft" in wanted else None
+    except Exception as e:  # noqa: BLE001
+        skip("vllm-*", f"failed to prepare HF folders: {type(e).__name__}: {e}")
+        return []
+    models["vllm"] = {"target": ref.name, "hf_dir": str(model_dir)}
+    out: list[Method] = []
+    for m in wanted:
+        if m == "vllm-draft" and draft_dir is None:
+            skip(m, f"no same-vocabulary default draft for {ref.name}")
+            continue
+        peer = VllmPeer(
+            m,
+            py,
+            model_dir,
+            draft_dir if m == "vllm-draft" else None,
+            eos,
+            timeout_s=opts.vllm_timeout_s,
+            num_speculative_tokens=opts.vllm_k,
+            enforce_eager=opts.vllm_eager,
+        )
+        out.append(Method(m, "vllm", "vllm", peer, {"draft": drafts.get(m)}))
+    return out
 
 
 def _label(m: Method, multi_backend: bool) -> str:
@@ -287,17 +304,40 @@ def run_decode_bench(
         load_avg_start = report.load_avg()
     if not opts.backends:
         raise ValueError("no backend to benchmark")
-    tag = opts.resolved_tag()
     targets = {
         b: load_backend(opts.target, b, device=opts.device if b == "hf" else "cpu") for b in opts.backends
     }
     methods, skipped, models = _build_methods(opts, targets, log)
     ours_peers = [m for m in methods if m.kind != "vllm"]
     vllm_methods = [m for m in methods if m.kind == "vllm"]
-    multi = len(opts.backends) > 1
     cold_methods = _cold_methods(ours_peers) if opts.cold else []
     knowledge_root = Path(tempfile.mkdtemp(prefix="speclive-knowledge-")) if cold_methods else None
+    prompts = _load_prompt_sets(opts, targets)
+    # ``skipped`` is the header's list: what fails later (warm-up, vLLM) is added to it
+    header = _decode_header(opts, load_avg_start, models, prompts, [*methods, *cold_methods], skipped)
+    for line in report.header_lines(header):
+        log(line)
+    if opts.warmup:
+        ours_peers = _warm_up(ours_peers, cold_methods, targets, opts, knowledge_root, skipped, log)
+    records, divergences = _run_local(ours_peers, cold_methods, prompts, targets, opts, knowledge_root, log)
+    notes: list[str] = []
+    if vllm_methods:
+        notes.append(
+            "vLLM methods run after the others, one engine start per method (not interleaved per prompt)"
+        )
+        records_v, header["vllm"] = _run_vllm(vllm_methods, prompts, targets, opts, log)
+        records += records_v
+        skipped += _vllm_failures(header["vllm"])
+        divergences += _check_vllm_exactness(records_v)
+    _close_runners(methods)
+    curves = {b: _cost_curve(b, target, opts, log) for b, target in targets.items()}
+    if knowledge_root is not None:
+        shutil.rmtree(knowledge_root, ignore_errors=True)
+    return _decode_result(header, records, divergences, curves, notes, bool(cold_methods), opts)
 
+
+def _load_prompt_sets(opts: DecodeOptions, targets: Mapping[str, Backend]) -> dict[str, list[dict[str, Any]]]:
+    """The prompts of every set, each with its chat-formatted ids per backend (``ids``)."""
     prompts: dict[str, list[dict[str, Any]]] = {}
     for s in opts.sets:
         rows = load_prompts(s, opts.limit)
@@ -306,9 +346,20 @@ def run_decode_bench(
                 b: t.tokenizer.chat([{"role": "user", "content": r["text"]}]) for b, t in targets.items()
             }
         prompts[s] = rows
+    return prompts
 
-    header: dict[str, Any] = {
-        "tag": tag,
+
+def _decode_header(
+    opts: DecodeOptions,
+    load_avg_start: list[float] | None,
+    models: dict[str, Any],
+    prompts: Mapping[str, Sequence[Any]],
+    methods: Sequence[Method],
+    skipped: list[str],
+) -> dict[str, Any]:
+    """The run header: machine, models, prompt sets, settings, methods, skipped ones, command."""
+    return {
+        "tag": opts.resolved_tag(),
         "machine": report.machine_info(load_avg_start),
         "target": opts.target,
         "backends": list(opts.backends),
@@ -323,98 +374,119 @@ def run_decode_bench(
             "warmup": opts.warmup,
             "order": "methods interleaved per prompt, rotated by prompt index",
         },
-        "methods": [m.key for m in methods] + [m.key for m in cold_methods],
+        "methods": [m.key for m in methods],
         "skipped": skipped,
         "command": opts.command,
     }
-    for line in report.header_lines(header):
-        log(line)
 
-    if opts.warmup:
-        log("warm-up ...")
-        for m in ours_peers:
-            ids = targets[m.backend].tokenizer.chat([{"role": "user", "content": WARMUP_PROMPT}])
+
+def _warm_up(
+    local: list[Method],
+    cold_methods: Sequence[Method],
+    targets: Mapping[str, Backend],
+    opts: DecodeOptions,
+    knowledge_root: Path | None,
+    skipped: list[str],
+    log: Log,
+) -> list[Method]:
+    """Run every local method once on the warm-up prompt; returns those that did not fail (a
+    failure is added to ``skipped``). The cold runs with knowledge start from what one warm-up
+    process saved, as the warm run's drafters start from their warm-up."""
+    log("warm-up ...")
+    for m in local:
+        ids = targets[m.backend].tokenizer.chat([{"role": "user", "content": WARMUP_PROMPT}])
+        try:
+            m.runner.run(ids, min(16, opts.max_tokens))
+        except Exception as e:  # noqa: BLE001 - reported, the method is then dropped
+            skipped.append(f"{m.key}: failed in warm-up: {type(e).__name__}: {e}")
+            log(f"warning: {skipped[-1]}")
+    dead = {s.split(":")[0] for s in skipped}
+    for m in cold_methods:
+        if m.info.get("knowledge"):
+            ids = targets[m.info["backend"]].tokenizer.chat([{"role": "user", "content": WARMUP_PROMPT}])
             try:
-                m.runner.run(ids, min(16, opts.max_tokens))
-            except Exception as e:  # noqa: BLE001 - reported, the method is then dropped
-                skipped.append(f"{m.key}: failed in warm-up: {type(e).__name__}: {e}")
-                log(f"warning: {skipped[-1]}")
-        dead = {s.split(":")[0] for s in skipped}
-        ours_peers = [m for m in ours_peers if m.key not in dead]
-        # the cold runs with knowledge start from what one warm-up process saved, as the warm
-        # run's drafters start from their warm-up
-        for m in cold_methods:
-            if m.info.get("knowledge"):
-                ids = targets[m.info["backend"]].tokenizer.chat([{"role": "user", "content": WARMUP_PROMPT}])
-                try:
-                    _cold_record(m, ids, min(16, opts.max_tokens), opts, knowledge_root)
-                except Exception as e:  # noqa: BLE001 - the measured runs will report it
-                    log(f"warning: {m.key} failed in warm-up: {e}")
+                _cold_record(m, ids, min(16, opts.max_tokens), opts, knowledge_root)
+            except Exception as e:  # noqa: BLE001 - the measured runs will report it
+                log(f"warning: {m.key} failed in warm-up: {e}")
+    return [m for m in local if m.key not in dead]
 
-    records: list[dict[str, Any]] = []
+
+def _run_local(
+    local: Sequence[Method],
+    cold_methods: Sequence[Method],
+    prompts: Mapping[str, Sequence[dict[str, Any]]],
+    targets: Mapping[str, Backend],
+    opts: DecodeOptions,
+    knowledge_root: Path | None,
+    log: Log,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every prompt through the local methods interleaved, then through each cold method (one
+    process each), both rotated by prompt index; returns (records, divergences from AR)."""
+    multi = len(opts.backends) > 1
     divergences: list[dict[str, Any]] = []
-    bar = None
-    if opts.progress:
-        from tqdm import tqdm
+    samples = [(set_name, row) for set_name, rows in prompts.items() for row in rows]
 
-        total = sum(len(v) for v in prompts.values()) * (len(ours_peers) + len(cold_methods))
-        bar = tqdm(total=total, desc="decode", file=sys.stderr, dynamic_ncols=True)
-    i_prompt = 0
-    try:
-        for set_name, rows in prompts.items():
-            for row in rows:
-                by_key: dict[str, dict[str, Any]] = {}
-                # the warm methods interleaved as always, then each cold method (one process each)
-                for m in _rotate(ours_peers, i_prompt) + _rotate(cold_methods, i_prompt):
-                    if bar is not None:
-                        bar.set_postfix_str(f"{set_name} {row['id']} {m.key}")
-                    ids = row["ids"][m.info.get("backend", m.backend)]
-                    try:
-                        if m.kind == "cold":
-                            rec = _cold_record(m, ids, opts.max_tokens, opts, knowledge_root)
-                        else:
-                            rec = m.runner.run(ids, opts.max_tokens)
-                    except Exception as e:  # noqa: BLE001 - recorded and counted as an error
-                        rec = {"error": f"{type(e).__name__}: {e}"}
-                        log(f"warning: {m.key} failed on {row['id']}: {rec['error']}")
-                    rec.update(
-                        set=set_name,
-                        prompt_id=row["id"],
-                        method=m.name,
-                        backend=m.backend,
-                        key=m.key,
-                        label=_label(m, multi),
-                        prompt_tokens=len(ids),
-                    )
-                    if "token_ids" in rec:
-                        rec["new_tokens"] = len(rec["token_ids"])
-                        rec["e2e_tps"] = rec["new_tokens"] / rec["wall_s"] if rec["wall_s"] > 0 else None
-                        tok = targets[m.info.get("backend", m.backend)].tokenizer
-                        rec["text"] = tok.decode(rec["token_ids"])
-                    by_key[m.key] = rec
-                    records.append(rec)
-                    if bar is not None:
-                        bar.update(1)
-                divergences += _check_exactness(by_key, row, targets, opts)
-                i_prompt += 1
-    finally:
-        if bar is not None:
-            bar.close()
+    def run_one(m: Method, sample: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+        ids = sample[1]["ids"][m.info.get("backend", m.backend)]
+        if m.kind == "cold":
+            return _cold_record(m, ids, opts.max_tokens, opts, knowledge_root)
+        return m.runner.run(ids, opts.max_tokens)
 
-    notes: list[str] = []
-    if vllm_methods:
-        notes.append(
-            "vLLM methods run after the others, one engine start per method (not interleaved per prompt)"
-        )
-        records_v, facts = _run_vllm(vllm_methods, prompts, targets, opts, log)
-        records += records_v
-        header["vllm"] = facts
-        for name, f in facts.items():
-            if "error" in f:
-                err = f["error"].strip().splitlines()
-                skipped.append(f"{name}: failed: {err[-1] if err else '?'}")
-        divergences += _check_vllm_exactness(records_v)
+    def after_sample(sample: tuple[str, dict[str, Any]], done: list[tuple[Method, dict[str, Any]]]) -> None:
+        set_name, row = sample
+        by_key: dict[str, dict[str, Any]] = {}
+        for m, rec in done:
+            backend = m.info.get("backend", m.backend)
+            by_key[m.key] = _finish_record(rec, m, set_name, row, targets[backend], multi)
+        divergences.extend(_check_exactness(by_key, row, targets, opts))
 
+    records = run_interleaved(
+        samples,
+        local,
+        run_one,
+        then=cold_methods,
+        desc="decode",
+        progress=opts.progress,
+        postfix=lambda m, sample: f"{sample[0]} {sample[1]['id']} {m.key}",
+        on_error=lambda m, sample, err: log(f"warning: {m.key} failed on {sample[1]['id']}: {err}"),
+        after_sample=after_sample,
+    )
+    return records, divergences
+
+
+def _finish_record(
+    rec: dict[str, Any], m: Method, set_name: str, row: Mapping[str, Any], target: Backend, multi: bool
+) -> dict[str, Any]:
+    """Add to a run's record where it ran (set, prompt, method, backend, label) and, for an
+    output, its length, end-to-end throughput and text."""
+    ids = row["ids"][m.info.get("backend", m.backend)]
+    rec.update(
+        set=set_name,
+        prompt_id=row["id"],
+        method=m.name,
+        backend=m.backend,
+        key=m.key,
+        label=_label(m, multi),
+        prompt_tokens=len(ids),
+    )
+    if "token_ids" in rec:
+        rec["new_tokens"] = len(rec["token_ids"])
+        rec["e2e_tps"] = rec["new_tokens"] / rec["wall_s"] if rec["wall_s"] > 0 else None
+        rec["text"] = target.tokenizer.decode(rec["token_ids"])
+    return rec
+
+
+def _vllm_failures(facts: Mapping[str, Any]) -> list[str]:
+    """``skipped`` lines of the vLLM methods that failed (the last line of their error)."""
+    out = []
+    for name, f in facts.items():
+        if "error" in f:
+            err = f["error"].strip().splitlines()
+            out.append(f"{name}: failed: {err[-1] if err else '?'}")
+    return out
+
+
+def _close_runners(methods: Sequence[Method]) -> None:
     for m in methods:
         close = getattr(m.runner, "close", None)
         if close is not None:
@@ -423,27 +495,38 @@ def run_decode_bench(
             except Exception:  # noqa: BLE001
                 pass
 
-    curves: dict[str, Any] = {}
-    for b, target in targets.items():
-        if opts.measure_curve:
-            log(f"measuring the cost curve of {target.name} on {b} ...")
-            curves[b] = measure_cost_curve(
-                target, opts.curve_ks, opts.curve_repeats, opts.curve_prefix, progress=opts.progress
-            )
-            curves[b]["source"] = "measured after the decode runs"
-        else:
-            ratios = target.cost.curve(list(opts.curve_ks))
-            curves[b] = {
-                "model": target.name,
-                "backend": b,
-                "prefix": None,
-                "source": "online estimate (backend.cost) after the decode runs",
-                "ratios": ratios,
-                "rows": [{"k": k, "ms": None, "ratio": v, "per_token_ms": None} for k, v in ratios.items()],
-            }
 
-    if knowledge_root is not None:
-        shutil.rmtree(knowledge_root, ignore_errors=True)
+def _cost_curve(backend: str, target: Backend, opts: DecodeOptions, log: Log) -> dict[str, Any]:
+    """The target's cost curve on ``backend``, measured after the runs (or the online estimate
+    with ``--no-curve``)."""
+    if opts.measure_curve:
+        log(f"measuring the cost curve of {target.name} on {backend} ...")
+        curve = measure_cost_curve(
+            target, opts.curve_ks, opts.curve_repeats, opts.curve_prefix, progress=opts.progress
+        )
+        curve["source"] = "measured after the decode runs"
+        return curve
+    ratios = target.cost.curve(list(opts.curve_ks))
+    return {
+        "model": target.name,
+        "backend": backend,
+        "prefix": None,
+        "source": "online estimate (backend.cost) after the decode runs",
+        "ratios": ratios,
+        "rows": [{"k": k, "ms": None, "ratio": v, "per_token_ms": None} for k, v in ratios.items()],
+    }
+
+
+def _decode_result(
+    header: dict[str, Any],
+    records: list[dict[str, Any]],
+    divergences: list[dict[str, Any]],
+    curves: dict[str, Any],
+    notes: list[str],
+    cold: bool,
+    opts: DecodeOptions,
+) -> dict[str, Any]:
+    """The result: summary rows, ceilings, divergences, bugs (said loudly), curves, records."""
     summary, ceilings = summarize(records, curves)
     bugs = [d for d in divergences if d.get("verdict") == "bug"]
     for row in summary:  # labels for plots
@@ -458,7 +541,7 @@ def run_decode_bench(
         "records": records,
         "notes": notes,
     }
-    if cold_methods:
+    if cold:
         result["cold_vs_warm"] = cold_vs_warm(summary)
         notes.append(
             "cold: a fresh process and drafter per (method, prompt), timed from the generation call "
@@ -694,71 +777,7 @@ def summarize(
     for r in records:
         groups.setdefault((r["set"], r["key"]), []).append(r)
     index = {(r["set"], r["key"], r["prompt_id"]): r for r in records}
-    rows: list[dict[str, Any]] = []
-    for (set_name, key), recs in groups.items():
-        first = recs[0]
-        backend = first["backend"]
-        ok = [r for r in recs if "token_ids" in r]
-        base_key = f"{BASELINE.get(backend, 'ar')}@{backend}"
-        row: dict[str, Any] = {
-            "set": set_name,
-            "method": first["method"],
-            "backend": backend,
-            "key": key,
-            "label": first.get("label", first["method"]),
-            "prompts": len(ok),
-            "errors": len(recs) - len(ok),
-        }
-        tokens = sum(r["new_tokens"] for r in ok)
-        wall = sum(r["wall_s"] for r in ok)
-        row["new_tokens"] = tokens
-        row["wall_s"] = wall
-        row["e2e_tps"] = _ratio(tokens, wall)
-        # speedup over the baseline on the prompts both completed
-        pairs = [(r, index.get((set_name, base_key, r["prompt_id"]))) for r in ok]
-        pairs = [(r, b) for r, b in pairs if b is not None and "token_ids" in b]
-        if pairs:
-            tps_m = _ratio(sum(r["new_tokens"] for r, _ in pairs), sum(r["wall_s"] for r, _ in pairs))
-            tps_b = _ratio(sum(b["new_tokens"] for _, b in pairs), sum(b["wall_s"] for _, b in pairs))
-            row["speedup"] = tps_m / tps_b if tps_m and tps_b else None
-            if all("decode_s" in r for r, _ in pairs) and all("decode_s" in b for _, b in pairs):
-                dm = _ratio(sum(r["new_tokens"] for r, _ in pairs), sum(r["decode_s"] for r, _ in pairs))
-                db = _ratio(sum(b["new_tokens"] for _, b in pairs), sum(b["decode_s"] for _, b in pairs))
-                row["decode_speedup"] = dm / db if dm and db else None
-        fw = [r.get("target_forwards") for r in ok]
-        if ok and all(f for f in fw):
-            row["tau"] = tokens / sum(fw)  # type: ignore[arg-type]
-        drafted = sum(r.get("drafted") or 0 for r in ok)
-        if drafted:
-            row["acceptance_rate"] = sum(r.get("accepted") or 0 for r in ok) / drafted
-        elif any("num_draft_tokens" in r for r in ok):
-            nd = sum(r.get("num_draft_tokens") or 0 for r in ok)
-            row["acceptance_rate"] = sum(r.get("num_accepted_tokens") or 0 for r in ok) / nd if nd else None
-        steps = [s for r in ok for s in r.get("steps", [])]
-        if steps:
-            row["alpha"] = alpha_hat(steps)
-            fn = curve_fns.get(backend)
-            if fn is not None:
-                row["bound_trace"] = trace_bound(steps, fn)
-                if row["alpha"] is not None:
-                    max_k = max((d for d, _ in steps), default=1)
-                    row["bound_alpha"], row["bound_alpha_k"] = alpha_bound(
-                        row["alpha"], fn, max(1, max_k, 32)
-                    )
-                if row.get("decode_speedup") and row.get("bound_trace"):
-                    row["efficiency"] = row["decode_speedup"] / row["bound_trace"]
-        compared = [r for r in ok if "identical" in r]
-        if compared:
-            row["compared"] = len(compared)
-            row["identical"] = sum(1 for r in compared if r["identical"])
-            divs = [r.get("divergence", {}) for r in compared if not r["identical"]]
-            row["near_tie"] = sum(1 for d in divs if d.get("verdict") == "near-tie")
-            row["bugs"] = sum(1 for d in divs if d.get("verdict") == "bug")
-            row["unknown_divergences"] = sum(1 for d in divs if d.get("verdict") not in ("near-tie", "bug"))
-            pos = [r["first_divergence"] for r in compared if "first_divergence" in r]
-            if pos:
-                row["first_divergence_median"] = statistics.median(pos)
-        rows.append(row)
+    rows = [_summary_row(recs, index, curve_fns) for recs in groups.values()]
     order = {m: i for i, m in enumerate(OUR_METHODS + TALON_METHODS + ALL_METHODS[len(OUR_METHODS) :])}
     backends_order = {"llamacpp": 0, "hf": 1, "vllm": 2}
     rows.sort(
@@ -775,6 +794,92 @@ def summarize(
             if isinstance(v, float) and not math.isfinite(v):
                 r[k] = None
     return rows, ceilings
+
+
+def _summary_row(
+    recs: Sequence[Mapping[str, Any]],
+    index: Mapping[tuple[str, str, str], Mapping[str, Any]],
+    curve_fns: Mapping[str, CostCurve],
+) -> dict[str, Any]:
+    """The summary row of one (set, method)'s records: throughput, speedups over the baseline,
+    τ, acceptance, the cost-curve bounds and exactness."""
+    first = recs[0]
+    set_name, backend = first["set"], first["backend"]
+    ok = [r for r in recs if "token_ids" in r]
+    row: dict[str, Any] = {
+        "set": set_name,
+        "method": first["method"],
+        "backend": backend,
+        "key": first["key"],
+        "label": first.get("label", first["method"]),
+        "prompts": len(ok),
+        "errors": len(recs) - len(ok),
+    }
+    tokens = sum(r["new_tokens"] for r in ok)
+    wall = sum(r["wall_s"] for r in ok)
+    row["new_tokens"] = tokens
+    row["wall_s"] = wall
+    row["e2e_tps"] = _ratio(tokens, wall)
+    # speedup over the baseline on the prompts both completed
+    base_key = f"{BASELINE.get(backend, 'ar')}@{backend}"
+    pairs = [(r, index.get((set_name, base_key, r["prompt_id"]))) for r in ok]
+    _speedups(row, [(r, b) for r, b in pairs if b is not None and "token_ids" in b])
+    fw = [r.get("target_forwards") for r in ok]
+    if ok and all(f for f in fw):
+        row["tau"] = tokens / sum(fw)  # type: ignore[arg-type]
+    drafted = sum(r.get("drafted") or 0 for r in ok)
+    if drafted:
+        row["acceptance_rate"] = sum(r.get("accepted") or 0 for r in ok) / drafted
+    elif any("num_draft_tokens" in r for r in ok):
+        nd = sum(r.get("num_draft_tokens") or 0 for r in ok)
+        row["acceptance_rate"] = sum(r.get("num_accepted_tokens") or 0 for r in ok) / nd if nd else None
+    steps = [s for r in ok for s in r.get("steps", [])]
+    if steps:
+        row["alpha"] = alpha_hat(steps)
+        _bounds(row, steps, curve_fns.get(backend))
+    _exactness_counts(row, [r for r in ok if "identical" in r])
+    return row
+
+
+def _speedups(row: dict[str, Any], pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> None:
+    """End-to-end (and, where both timed it, decode-only) throughput of the method over the
+    baseline's, summed over the (method, baseline) record pairs."""
+    if not pairs:
+        return
+    tps_m = _ratio(sum(r["new_tokens"] for r, _ in pairs), sum(r["wall_s"] for r, _ in pairs))
+    tps_b = _ratio(sum(b["new_tokens"] for _, b in pairs), sum(b["wall_s"] for _, b in pairs))
+    row["speedup"] = tps_m / tps_b if tps_m and tps_b else None
+    if all("decode_s" in r for r, _ in pairs) and all("decode_s" in b for _, b in pairs):
+        dm = _ratio(sum(r["new_tokens"] for r, _ in pairs), sum(r["decode_s"] for r, _ in pairs))
+        db = _ratio(sum(b["new_tokens"] for _, b in pairs), sum(b["decode_s"] for _, b in pairs))
+        row["decode_speedup"] = dm / db if dm and db else None
+
+
+def _bounds(row: dict[str, Any], steps: Sequence[Any], fn: CostCurve | None) -> None:
+    """The free-draft bound of the draft/accept trace and the α-bound under the cost curve."""
+    if fn is None:
+        return
+    row["bound_trace"] = trace_bound(steps, fn)
+    if row["alpha"] is not None:
+        max_k = max((d for d, _ in steps), default=1)
+        row["bound_alpha"], row["bound_alpha_k"] = alpha_bound(row["alpha"], fn, max(1, max_k, 32))
+    if row.get("decode_speedup") and row.get("bound_trace"):
+        row["efficiency"] = row["decode_speedup"] / row["bound_trace"]
+
+
+def _exactness_counts(row: dict[str, Any], compared: Sequence[Mapping[str, Any]]) -> None:
+    """Outputs compared with the baseline's: identical ones, near-tie flips, bugs, unknown."""
+    if not compared:
+        return
+    row["compared"] = len(compared)
+    row["identical"] = sum(1 for r in compared if r["identical"])
+    divs = [r.get("divergence", {}) for r in compared if not r["identical"]]
+    row["near_tie"] = sum(1 for d in divs if d.get("verdict") == "near-tie")
+    row["bugs"] = sum(1 for d in divs if d.get("verdict") == "bug")
+    row["unknown_divergences"] = sum(1 for d in divs if d.get("verdict") not in ("near-tie", "bug"))
+    pos = [r["first_divergence"] for r in compared if "first_divergence" in r]
+    if pos:
+        row["first_divergence_median"] = statistics.median(pos)
 
 
 def write_decode_outputs(
@@ -889,43 +994,60 @@ def decode_markdown(result: Mapping[str, Any]) -> str:
         versus = peer_comparison(rows)
         if versus:
             lines += [versus, ""]
-    cvw = result.get("cold_vs_warm")
-    if cvw:
-        lines += [
-            "## cold vs warm",
-            "",
-            "*warm*: one drafter per method across the prompt set (the tables above); *cold*: a fresh "
-            "process and drafter per prompt, its speedup over `ar` run the same way; *+knowledge*: "
-            "cold, loading what earlier cold processes saved (`speclive knowledge`); *cold/warm*: "
-            "ratio of the speedups; *gain kept*: (cold − 1) / (warm − 1). Decode speedups where "
-            "measured, end-to-end ones for peers.",
-            "",
-            report.md_table(
-                [
-                    ("set", "set", 0),
-                    ("method", "method", 0),
-                    ("knowledge", "saved knowledge", 0),
-                    ("measure", "measure", 0),
-                    ("warm", "warm", 2),
-                    ("cold", "cold", 2),
-                    ("cold_of_warm", "cold/warm", 2),
-                    ("cold_gain_of_warm_gain", "gain kept", 2),
-                ],
-                [{**r, "knowledge": "yes" if r["knowledge"] else "no"} for r in cvw],
-            ),
-            "",
-        ]
-    bugs = result.get("bugs", [])
-    if bugs:
-        lines += ["## BUGS: divergences from AR at a clear logit gap", ""]
-        for b in bugs:
-            lines.append(
-                f"- {b['set']}/{b['prompt_id']} {b['method']}[{b['backend']}]: first divergence at token "
-                f"{b['position']}, reference gap {b['gap_top2']:.3f} (ar token {b['ref_token']}, "
-                f"method token {b['method_token']})"
-            )
-        lines.append("")
-    curves = result.get("cost_curves", {})
+    lines += _cold_vs_warm_lines(result.get("cold_vs_warm"))
+    lines += _bug_lines(result.get("bugs", []))
+    lines += _curve_lines(result.get("cost_curves", {}))
+    if result.get("notes"):
+        lines += ["## notes", ""] + [f"- {n}" for n in result["notes"]] + [""]
+    return "\n".join(lines)
+
+
+COLD_VS_WARM_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("set", "set", 0),
+    ("method", "method", 0),
+    ("knowledge", "saved knowledge", 0),
+    ("measure", "measure", 0),
+    ("warm", "warm", 2),
+    ("cold", "cold", 2),
+    ("cold_of_warm", "cold/warm", 2),
+    ("cold_gain_of_warm_gain", "gain kept", 2),
+)
+
+
+def _cold_vs_warm_lines(cvw: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    if not cvw:
+        return []
+    return [
+        "## cold vs warm",
+        "",
+        "*warm*: one drafter per method across the prompt set (the tables above); *cold*: a fresh "
+        "process and drafter per prompt, its speedup over `ar` run the same way; *+knowledge*: "
+        "cold, loading what earlier cold processes saved (`speclive knowledge`); *cold/warm*: "
+        "ratio of the speedups; *gain kept*: (cold − 1) / (warm − 1). Decode speedups where "
+        "measured, end-to-end ones for peers.",
+        "",
+        report.md_table(
+            COLD_VS_WARM_COLUMNS, [{**r, "knowledge": "yes" if r["knowledge"] else "no"} for r in cvw]
+        ),
+        "",
+    ]
+
+
+def _bug_lines(bugs: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not bugs:
+        return []
+    lines = ["## BUGS: divergences from AR at a clear logit gap", ""]
+    for b in bugs:
+        lines.append(
+            f"- {b['set']}/{b['prompt_id']} {b['method']}[{b['backend']}]: first divergence at token "
+            f"{b['position']}, reference gap {b['gap_top2']:.3f} (ar token {b['ref_token']}, "
+            f"method token {b['method_token']})"
+        )
+    return [*lines, ""]
+
+
+def _curve_lines(curves: Mapping[str, Any]) -> list[str]:
+    lines: list[str] = []
     for backend, curve in curves.items():
         rows = curve.get("rows", [])
         if rows:
@@ -935,6 +1057,4 @@ def decode_markdown(result: Mapping[str, Any]) -> str:
                 report.md_table(CURVE_COLUMNS, rows),
                 "",
             ]
-    if result.get("notes"):
-        lines += ["## notes", ""] + [f"- {n}" for n in result["notes"]] + [""]
-    return "\n".join(lines)
+    return lines

@@ -149,7 +149,30 @@ def _strategies(speech: np.ndarray | None):
         st.just(b64(b"\x00\x00" * 4800)),  # 0.2 s of silence at 24 kHz
         anything,
     )
-    session = st.fixed_dictionaries(
+    session = _session_strategy(st, anything)
+    event = st.one_of(
+        st.fixed_dictionaries({"type": st.just("session.update"), "session": session}),
+        st.fixed_dictionaries({"type": st.just("input_audio_buffer.append"), "audio": audio}),
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(CLIENT_TYPES)},
+            optional={"event_id": anything, "session": anything, "audio": anything, "item": anything},
+        ),
+        st.dictionaries(st.text(max_size=12), anything, max_size=4),  # no type, or a wrong one
+        anything,  # not an object
+    )
+    action = st.one_of(
+        event.map(lambda e: ("json", e)),
+        st.text(max_size=200).map(lambda t: ("text", t)),  # mostly not JSON
+        st.binary(max_size=256).map(lambda b: ("binary", b)),
+        st.just(("speak", None)) if speech is not None else st.nothing(),
+    )
+    script = st.tuples(st.lists(action, min_size=1, max_size=40), st.booleans(), st.floats(0, 1))
+    return script
+
+
+def _session_strategy(st: Any, anything: Any) -> Any:
+    """``session.update`` payloads: known fields with good, bad and arbitrary values."""
+    return st.fixed_dictionaries(
         {},
         optional={
             "modalities": st.sampled_from([["text"], ["audio", "text"], ["video"], "audio"]) | anything,
@@ -187,24 +210,6 @@ def _strategies(speech: np.ndarray | None):
             | anything,
         },
     )
-    event = st.one_of(
-        st.fixed_dictionaries({"type": st.just("session.update"), "session": session}),
-        st.fixed_dictionaries({"type": st.just("input_audio_buffer.append"), "audio": audio}),
-        st.fixed_dictionaries(
-            {"type": st.sampled_from(CLIENT_TYPES)},
-            optional={"event_id": anything, "session": anything, "audio": anything, "item": anything},
-        ),
-        st.dictionaries(st.text(max_size=12), anything, max_size=4),  # no type, or a wrong one
-        anything,  # not an object
-    )
-    action = st.one_of(
-        event.map(lambda e: ("json", e)),
-        st.text(max_size=200).map(lambda t: ("text", t)),  # mostly not JSON
-        st.binary(max_size=256).map(lambda b: ("binary", b)),
-        st.just(("speak", None)) if speech is not None else st.nothing(),
-    )
-    script = st.tuples(st.lists(action, min_size=1, max_size=40), st.booleans(), st.floats(0, 1))
-    return script
 
 
 def _speech_chunks(speech: np.ndarray, rate: int = 24_000, chunk_s: float = 0.1) -> list[str]:
@@ -384,27 +389,8 @@ def fuzz_realtime(
             actions, abort, abort_at = script
             report.scripts += 1
             conn = _Conn(ws_url, headers, report, f"script {report.scripts}")
-            cut = int(abort_at * len(actions)) if abort else None
             try:
-                for i, (kind, payload) in enumerate(actions):
-                    if i == cut:
-                        conn.abort()
-                        return
-                    if kind == "json":
-                        ok = conn.send(json.dumps(payload))
-                    elif kind == "text":
-                        ok = conn.send(payload)
-                    elif kind == "binary":
-                        ok = conn.send(payload)
-                    else:  # speak: a whole question, as fast as it goes
-                        ok = all(
-                            conn.send(json.dumps({"type": "input_audio_buffer.append", "audio": c}))
-                            for c in chunks
-                        )
-                    if not ok:
-                        return
-                conn.sentinel()
-                conn.close()
+                _play(conn, actions, int(abort_at * len(actions)) if abort else None, chunks)
             finally:
                 if report.events >= next_check:
                     next_check += batch_events
@@ -423,13 +409,39 @@ def fuzz_realtime(
             _scenarios(ws_url, headers, config, report, chunks, http, only)
             check_batch()
         control.close()
-        report.after = _settled(http, report.before)
-        if report.after.get("sessions", 0) > report.before.get("sessions", 0):
-            report.violations.append(("sessions left open", json.dumps(report.after)))
-        if report.after.get("tasks", 0) > report.before.get("tasks", 0) + 2:
-            report.violations.append(("tasks left behind", f"{report.before} -> {report.after}"))
+        _check_leaks(report, http)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _play(conn: _Conn, actions: list[tuple[str, Any]], cut: int | None, chunks: list[str]) -> None:
+    """Send a script's actions on ``conn`` (leaving without a close at action ``cut``), then the
+    sentinel and a close; stops where the server closed."""
+    for i, (kind, payload) in enumerate(actions):
+        if i == cut:
+            conn.abort()
+            return
+        if kind == "json":
+            ok = conn.send(json.dumps(payload))
+        elif kind == "text":
+            ok = conn.send(payload)
+        elif kind == "binary":
+            ok = conn.send(payload)
+        else:  # speak: a whole question, as fast as it goes
+            ok = all(conn.send(json.dumps({"type": "input_audio_buffer.append", "audio": c})) for c in chunks)
+        if not ok:
+            return
+    conn.sentinel()
+    conn.close()
+
+
+def _check_leaks(report: RealtimeFuzzReport, http: httpx.Client) -> None:
+    """Once the server settled: no session left open, no more than two tasks left behind."""
+    report.after = _settled(http, report.before)
+    if report.after.get("sessions", 0) > report.before.get("sessions", 0):
+        report.violations.append(("sessions left open", json.dumps(report.after)))
+    if report.after.get("tasks", 0) > report.before.get("tasks", 0) + 2:
+        report.violations.append(("tasks left behind", f"{report.before} -> {report.after}"))
 
 
 def _raw_connect(ws_url: str, headers: dict[str, str]) -> socket.socket:
@@ -567,6 +579,139 @@ def _wait_sessions(http: httpx.Client, most: float, timeout: float) -> bool:
     return False
 
 
+@dataclass
+class _Scene:
+    """What a hostile-client scenario works with: the server's address, limits and counters."""
+
+    ws_url: str
+    headers: dict
+    config: Any
+    report: RealtimeFuzzReport
+    chunks: list[str]
+    http: httpx.Client
+
+
+def _huge_frame(sc: _Scene) -> str | None:
+    conn = _Conn(sc.ws_url, sc.headers, sc.report, "huge frame")
+    conn.send("x" * HUGE_FRAME_BYTES)
+    conn.wait_for(lambda m: False, 30)
+    return None if conn.close_code == 1009 else f"close code {conn.close_code}, expected 1009"
+
+
+def _event_flood(sc: _Scene) -> str | None:
+    # (a client that reads: the replies are taken in by the connection's reader thread)
+    conn = _Conn(sc.ws_url, sc.headers, sc.report, "event flood", max_queue=None)
+    # twice the burst at once; a machine that sends (or serves) slower than the limit
+    # goes on in batches until the server says so, for FLOOD_MAX_S at most
+    n = int(4 * sc.config.realtime_events_per_s) + 50
+    sent, t0, limited = 0, time.perf_counter(), False
+    while not limited and conn.close_code is None:
+        if sent >= n and time.perf_counter() - t0 > FLOOD_MAX_S:
+            break
+        sent += sum(conn.send('{"type": "input_audio_buffer.clear"}') for _ in range(min(n, 1000)))
+        while conn.recv(0) is not None:  # what the server said so far
+            pass
+        limited = "rate_limit_exceeded" in _error_codes(conn)
+    flood_s = time.perf_counter() - t0
+    # a sentinel may itself be dropped over the rate: once the bucket refills one is answered
+    ok = False
+    for _ in range(10):
+        if conn.close_code is not None:
+            break
+        time.sleep(0.5)  # the bucket refills
+        if ok := conn.sentinel(timeout=1.0, report_missing=False):
+            break
+    conn.close()
+    if "rate_limit_exceeded" not in _error_codes(conn):
+        return f"{sent} events in {flood_s:.1f} s and no rate_limit_exceeded"
+    return None if ok else "the session stopped answering after the flood"
+
+
+def _stops_reading(sc: _Scene) -> str | None:
+    # a client that sends and never reads: the server's writes back up, and after its send
+    # timeout it gives up on the client and frees the session
+    baseline = scrape(sc.http).get("sessions", 0)
+    sock = _raw_connect(sc.ws_url, sc.headers)
+    # each update is echoed back in full by session.updated: the server's writes pile up fast
+    big = json.dumps({"type": "session.update", "session": {"instructions": "p" * 200_000}})
+    sent = 0
+    # the client gives up on a blocked send only after the server's send timeout: a shorter
+    # wait would stop it while the kernel's socket buffers are still growing, the server's
+    # writes then all fit, and the session ends as idle (1000), not as a slow consumer
+    sock.settimeout(sc.config.realtime_send_timeout_s + 2.0)
+    deadline = time.time() + sc.config.realtime_send_timeout_s + 60
+    try:
+        while time.time() < deadline:
+            sock.sendall(_client_frame(big.encode()))
+            sc.report.events += 1
+            sent += 1
+            time.sleep(1.5 / sc.config.realtime_events_per_s)  # under the rate limit
+    except OSError:  # TimeoutError too: the server stopped reading us in turn
+        pass
+    released = _wait_sessions(sc.http, most=baseline, timeout=sc.config.realtime_send_timeout_s + 60)
+    code = _last_close_code(sock)
+    sock.close()
+    sc.report.close_codes[code] += 1
+    if not released:
+        return f"the session of a client that stopped reading was not released ({sent} updates)"
+    # the close frame queues behind the writes that never went out: the client may see the
+    # connection just end (1006) once it reads again
+    return None if code in (1008, 1006) else f"closed with {code} after {sent} updates"
+
+
+def _leaves_mid_answer(sc: _Scene) -> str | None:
+    if not sc.chunks:
+        return None
+    conn = _Conn(sc.ws_url, sc.headers, sc.report, "leaves mid-answer")
+    one_s_silence = base64.b64encode(b"\0" * 48_000).decode("ascii")
+    for c in sc.chunks + [one_s_silence] * 3:
+        conn.send(json.dumps({"type": "input_audio_buffer.append", "audio": c}))
+    got = conn.wait_for(lambda m: m.get("type") in ("response.created", "speclive.speculation"), 120)
+    conn.abort()
+    return None if got is not None else "no answer began"
+
+
+def _long_turn(sc: _Scene) -> str | None:
+    if not sc.chunks or sc.config.max_turn_s > 30:
+        return None  # too long to speak past the limit in a run
+    conn = _Conn(sc.ws_url, sc.headers, sc.report, "long turn")
+    reps = int(sc.config.max_turn_s / (0.1 * len(sc.chunks))) + 2
+    for _ in range(reps):
+        for c in sc.chunks:
+            conn.send(json.dumps({"type": "input_audio_buffer.append", "audio": c}))
+    got = conn.wait_for(lambda m: (m.get("error") or {}).get("code") == "turn_too_long", 120)
+    ok = got is not None and conn.sentinel()
+    conn.close()
+    if got is None:
+        return f"no turn_too_long error (close code {conn.close_code})"
+    return None if ok else f"the session died after turn_too_long (close code {conn.close_code})"
+
+
+def _idle(sc: _Scene) -> str | None:
+    if not 0 < sc.config.realtime_idle_s <= 30:
+        return None
+    conn = _Conn(sc.ws_url, sc.headers, sc.report, "idle")
+    got = conn.wait_for(
+        lambda m: (m.get("error") or {}).get("code") == "session_idle_timeout",
+        sc.config.realtime_idle_s + 30,
+    )
+    conn.wait_for(lambda m: False, 10)
+    if got is None:
+        return "no session_idle_timeout error"
+    return None if conn.close_code == 1000 else f"closed with {conn.close_code}, expected 1000"
+
+
+#: the hostile clients, by name (``fuzz_realtime(only=...)``), each returning its problem or None
+SCENARIOS: dict[str, Callable[[_Scene], str | None]] = {
+    "huge frame": _huge_frame,
+    "event flood": _event_flood,
+    "stops reading": _stops_reading,
+    "leaves mid-answer": _leaves_mid_answer,
+    "long turn": _long_turn,
+    "idle": _idle,
+}
+
+
 def _scenarios(
     ws_url: str,
     headers: dict,
@@ -576,127 +721,17 @@ def _scenarios(
     http: httpx.Client,
     only: set[str] | None = None,
 ) -> None:
-    def scenario(name: str, fn: Callable[[], str | None]) -> None:
+    sc = _Scene(ws_url, headers, config, report, chunks, http)
+    for name, fn in SCENARIOS.items():
         if only is not None and name not in only:
-            return
+            continue
         n = len(report.violations)
         t0 = time.perf_counter()
         try:
-            problem = fn()
+            problem = fn(sc)
         except Exception as e:  # a scenario that raises is a finding, not a crash of the run
             problem = f"{type(e).__name__}: {e}"
         if problem:
             report.violations.append((f"scenario {name}", problem))
         report.scenarios[name] = problem or ("violations" if len(report.violations) > n else "ok")
         report.scenario_seconds[name] = round(time.perf_counter() - t0, 2)
-
-    def huge_frame() -> str | None:
-        conn = _Conn(ws_url, headers, report, "huge frame")
-        conn.send("x" * HUGE_FRAME_BYTES)
-        conn.wait_for(lambda m: False, 30)
-        return None if conn.close_code == 1009 else f"close code {conn.close_code}, expected 1009"
-
-    def event_flood() -> str | None:
-        # (a client that reads: the replies are taken in by the connection's reader thread)
-        conn = _Conn(ws_url, headers, report, "event flood", max_queue=None)
-        # twice the burst at once; a machine that sends (or serves) slower than the limit
-        # goes on in batches until the server says so, for FLOOD_MAX_S at most
-        n = int(4 * config.realtime_events_per_s) + 50
-        sent, t0, limited = 0, time.perf_counter(), False
-        while not limited and conn.close_code is None:
-            if sent >= n and time.perf_counter() - t0 > FLOOD_MAX_S:
-                break
-            sent += sum(conn.send('{"type": "input_audio_buffer.clear"}') for _ in range(min(n, 1000)))
-            while conn.recv(0) is not None:  # what the server said so far
-                pass
-            limited = "rate_limit_exceeded" in _error_codes(conn)
-        flood_s = time.perf_counter() - t0
-        # a sentinel may itself be dropped over the rate: once the bucket refills one is answered
-        ok = False
-        for _ in range(10):
-            if conn.close_code is not None:
-                break
-            time.sleep(0.5)  # the bucket refills
-            if ok := conn.sentinel(timeout=1.0, report_missing=False):
-                break
-        conn.close()
-        if "rate_limit_exceeded" not in _error_codes(conn):
-            return f"{sent} events in {flood_s:.1f} s and no rate_limit_exceeded"
-        return None if ok else "the session stopped answering after the flood"
-
-    def stops_reading() -> str | None:
-        # a client that sends and never reads: the server's writes back up, and after its send
-        # timeout it gives up on the client and frees the session
-        baseline = scrape(http).get("sessions", 0)
-        sock = _raw_connect(ws_url, headers)
-        # each update is echoed back in full by session.updated: the server's writes pile up fast
-        big = json.dumps({"type": "session.update", "session": {"instructions": "p" * 200_000}})
-        sent = 0
-        # the client gives up on a blocked send only after the server's send timeout: a shorter
-        # wait would stop it while the kernel's socket buffers are still growing, the server's
-        # writes then all fit, and the session ends as idle (1000), not as a slow consumer
-        sock.settimeout(config.realtime_send_timeout_s + 2.0)
-        deadline = time.time() + config.realtime_send_timeout_s + 60
-        try:
-            while time.time() < deadline:
-                sock.sendall(_client_frame(big.encode()))
-                report.events += 1
-                sent += 1
-                time.sleep(1.5 / config.realtime_events_per_s)  # under the rate limit
-        except OSError:  # TimeoutError too: the server stopped reading us in turn
-            pass
-        released = _wait_sessions(http, most=baseline, timeout=config.realtime_send_timeout_s + 60)
-        code = _last_close_code(sock)
-        sock.close()
-        report.close_codes[code] += 1
-        if not released:
-            return f"the session of a client that stopped reading was not released ({sent} updates)"
-        # the close frame queues behind the writes that never went out: the client may see the
-        # connection just end (1006) once it reads again
-        return None if code in (1008, 1006) else f"closed with {code} after {sent} updates"
-
-    def leaves_mid_answer() -> str | None:
-        if not chunks:
-            return None
-        conn = _Conn(ws_url, headers, report, "leaves mid-answer")
-        one_s_silence = base64.b64encode(b"\0" * 48_000).decode("ascii")
-        for c in chunks + [one_s_silence] * 3:
-            conn.send(json.dumps({"type": "input_audio_buffer.append", "audio": c}))
-        got = conn.wait_for(lambda m: m.get("type") in ("response.created", "speclive.speculation"), 120)
-        conn.abort()
-        return None if got is not None else "no answer began"
-
-    def long_turn() -> str | None:
-        if not chunks or config.max_turn_s > 30:
-            return None  # too long to speak past the limit in a run
-        conn = _Conn(ws_url, headers, report, "long turn")
-        reps = int(config.max_turn_s / (0.1 * len(chunks))) + 2
-        for _ in range(reps):
-            for c in chunks:
-                conn.send(json.dumps({"type": "input_audio_buffer.append", "audio": c}))
-        got = conn.wait_for(lambda m: (m.get("error") or {}).get("code") == "turn_too_long", 120)
-        ok = got is not None and conn.sentinel()
-        conn.close()
-        if got is None:
-            return f"no turn_too_long error (close code {conn.close_code})"
-        return None if ok else f"the session died after turn_too_long (close code {conn.close_code})"
-
-    def idle() -> str | None:
-        if not 0 < config.realtime_idle_s <= 30:
-            return None
-        conn = _Conn(ws_url, headers, report, "idle")
-        got = conn.wait_for(
-            lambda m: (m.get("error") or {}).get("code") == "session_idle_timeout",
-            config.realtime_idle_s + 30,
-        )
-        conn.wait_for(lambda m: False, 10)
-        if got is None:
-            return "no session_idle_timeout error"
-        return None if conn.close_code == 1000 else f"closed with {conn.close_code}, expected 1000"
-
-    scenario("huge frame", huge_frame)
-    scenario("event flood", event_flood)
-    scenario("stops reading", stops_reading)
-    scenario("leaves mid-answer", leaves_mid_answer)
-    scenario("long turn", long_turn)
-    scenario("idle", idle)

@@ -30,6 +30,7 @@ from speclive.loader import load_backend
 from speclive.options import option
 from speclive_bench.costcurve import curve_tokens
 from speclive_bench.datasets import chat_messages
+from speclive_bench.harness import rotated
 from speclive_bench.prompts import load_prompts
 from speclive_bench.reference import greedy_reference
 from speclive_bench.report import _pyplot, markdown_preamble, md_table, out_option, plot_option
@@ -115,8 +116,7 @@ def run_graphs_bench(
     for pi, p in enumerate(prompts):
         ids = eager.tokenizer.chat(chat_messages(p["text"]))
         ref, gaps = greedy_reference(eager, ids, max_tokens)
-        for step in range(len(METHODS)):
-            method = METHODS[(pi + step) % len(METHODS)]
+        for method in rotated(METHODS, pi):
             which, how = method.split()
             b = pair[which]
             dec = SpeculativeDecoder(b, NgramDrafter() if how == "ngram" else None)

@@ -22,6 +22,7 @@ each method's final translation against the cascade's.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,10 +44,12 @@ from speclive.sessions.simulate import split_sentences
 from speclive.tts.espeak import EspeakTTS
 from speclive.tts.piper import PiperTTS
 from speclive_bench import report
-from speclive_bench.asr_stream import paired_ratio, ratio_text
+from speclive_bench.asr_stream import ratio_text
 from speclive_bench.datasets import mtbench_questions
 from speclive_bench.exactness import ar_logit_gap, first_divergence
+from speclive_bench.harness import run_interleaved
 from speclive_bench.ssbd import _quality, bench_sentences
+from speclive_bench.stats import paired_ratio, percentile_ci, percentile_ratio
 
 CHAT_METHODS = ("predgen", "cascade", "prefill", "preemptive")
 TRANSLATE_METHODS = ("ssbd", "ar", "cascade")
@@ -178,43 +181,11 @@ def chat_questions(limit: int, max_chars: int = 160) -> list[dict[str, Any]]:
 
 
 def _wer(ref: str, hyp: str) -> float:
-    import re
-
     norm = lambda s: " ".join(re.sub(r"[^\w' ]", " ", s.lower()).split())  # noqa: E731
     return report.word_error_rate([norm(ref)], [norm(hyp)]) if norm(ref) else 0.0
 
 
-# ---- statistics ---------------------------------------------------------------------------
-def _boot(values: Sequence[float], q: float, n: int = 2000, seed: int = 0):
-    """The q-th percentile of ``values`` with its 95 % bootstrap interval."""
-    v = np.asarray(values, float)
-    if v.size == 0:
-        return None, None, None
-    idx = np.random.default_rng(seed).integers(0, v.size, size=(n, v.size))
-    sims = np.percentile(v[idx], q, axis=1)
-    return float(np.percentile(v, q)), float(np.percentile(sims, 2.5)), float(np.percentile(sims, 97.5))
-
-
-def _paired_ratio(base: Sequence[float], new: Sequence[float], q: float = 50, n: int = 2000, seed: int = 0):
-    """Ratio of the q-th percentiles base/new with a paired bootstrap over samples."""
-    b, m = np.asarray(base, float), np.asarray(new, float)
-    if b.size == 0:
-        return None, None, None
-    idx = np.random.default_rng(seed).integers(0, b.size, size=(n, b.size))
-    sims = np.percentile(b[idx], q, axis=1) / np.percentile(m[idx], q, axis=1)
-    return (
-        float(np.percentile(b, q) / np.percentile(m, q)),
-        float(np.percentile(sims, 2.5)),
-        float(np.percentile(sims, 97.5)),
-    )
-
-
 # ---- the chat benchmark ---------------------------------------------------------------------
-def _rotated(methods: Sequence[str], n: int) -> list[str]:
-    k = n % len(methods)
-    return list(methods[k:]) + list(methods[:k])
-
-
 #: a method's streaming-ASR suffix (``predgen/no-stream-draft``) -> make_pipeline's settings
 ASR_VARIANTS = {
     "": {},
@@ -239,16 +210,8 @@ def _mode_and_verifier(method: str) -> tuple[str, str]:
     return method, "greedy"
 
 
-def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-    from tqdm import tqdm
-
-    load_avg_start = report.load_avg()  # before the models load
-    models = load_live_models(
-        LiveModelsConfig(model=opts.model, backend=opts.backend, asr_margin_s=opts.asr_margin_s)
-    )
-    models.warm_up()
-    questions = chat_questions(opts.limit)
-    voices = {v: _voice(v) for v in opts.voices}
+def _chat_samples(questions: Sequence[dict[str, Any]], voices: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every question in every voice; every third question with a mid-sentence pause."""
     samples = []
     for i, q in enumerate(questions):
         for v, tts in voices.items():
@@ -256,85 +219,104 @@ def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = pri
             samples.append(
                 {"id": q["id"], "question": q["prompt"], "voice": v, **speak(tts, q["prompt"], pause)}
             )
-    header = _header(
-        models,
-        opts,
-        load_avg_start,
-        {
-            "questions": len(questions),
-            "voices": list(opts.voices),
-            "samples": len(samples),
-            "mid-sentence pauses": sum(s["paused"] for s in samples),
-            "end-of-turn silence s": opts.end_s,
-            "pause s": opts.pause_s,
-            "first unit": f"clause of >= {opts.first_clause_words} words"
-            if opts.first_clause_words
-            else "sentence",
-            "max_tokens": opts.max_tokens,
-            "clock": "simulated, compute charged (VirtualClock)",
-            "chunk s": 0.1,
-        },
+    return samples
+
+
+def _chat_settings(opts: LiveBenchOptions, questions: Sequence[Any], samples: Sequence[dict]) -> dict:
+    return {
+        "questions": len(questions),
+        "voices": list(opts.voices),
+        "samples": len(samples),
+        "mid-sentence pauses": sum(s["paused"] for s in samples),
+        "end-of-turn silence s": opts.end_s,
+        "pause s": opts.pause_s,
+        "first unit": f"clause of >= {opts.first_clause_words} words"
+        if opts.first_clause_words
+        else "sentence",
+        "max_tokens": opts.max_tokens,
+        "clock": "simulated, compute charged (VirtualClock)",
+        "chunk s": 0.1,
+    }
+
+
+def _chat_run(models, opts: LiveBenchOptions, turn: TurnConfig, s: dict[str, Any], method: str):
+    """One spoken sample through one chat method: (its record, the played result)."""
+    base, asr = _asr_variant(method)
+    mode, verifier = _mode_and_verifier(base)
+    pcfg = PredGenConfig(
+        verifier=verifier,
+        max_tokens=opts.max_tokens,
+        line_breaks=True,
+        speak_rest=False,
+        first_clause_words=opts.first_clause_words,
     )
+    pipe = make_pipeline("chat", models, mode=mode, clock=VirtualClock(), turn=turn, predgen=pcfg, **asr)
+    res = play(pipe, s["audio"])
+    turns = [e for e in res.events if e.type == "turn_metrics"]
+    answers = pipe.answers  # type: ignore[attr-defined]
+    rec: dict[str, Any] = {
+        "id": s["id"],
+        "voice": s["voice"],
+        "paused": s["paused"],
+        "method": method,
+        "question": s["question"],
+        "turns": len(turns),
+        "max_lag_s": res.max_lag_s,
+    }
+    if turns:
+        m = turns[-1]
+        rec.update(
+            transcript=m.transcript,
+            wer=_wer(s["question"], m.transcript),
+            answer=m.answer,
+            token_ids=answers[-1].token_ids if answers else [],
+            latency_s=m.latency_s,
+            audio_ready_s=m.audio_ready_s,
+            eot_delay_s=m.eot_delay_s,
+            audio_ready_at_eot=m.audio_ready_at_eot,
+            asr_s=m.asr_s,
+            llm_s=m.llm_s,
+            tts_s=m.tts_s,
+            asr_passes=m.asr_passes,
+            target_forwards=m.target_forwards,
+            speculations=m.speculations,
+            drafted=m.drafted,
+            accepted=m.accepted,
+            first_sentence=m.extra.get("first_sentence"),
+            presynth_used=m.extra.get("presynth_used"),
+        )
+    return rec, res
+
+
+def run_live_chat_bench(opts: LiveBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
+    load_avg_start = report.load_avg()  # before the models load
+    models = load_live_models(
+        LiveModelsConfig(model=opts.model, backend=opts.backend, asr_margin_s=opts.asr_margin_s)
+    )
+    models.warm_up()
+    questions = chat_questions(opts.limit)
+    samples = _chat_samples(questions, {v: _voice(v) for v in opts.voices})
+    header = _header(models, opts, load_avg_start, _chat_settings(opts, questions, samples))
     for line in report.header_lines(header):
         log(line)
     turn = TurnConfig(pause_s=opts.pause_s, end_s=opts.end_s)
-    records: list[dict[str, Any]] = []
     timeline: dict[str, Any] = {}
-    bar = tqdm(total=len(samples) * len(opts.methods), desc="live chat", unit="turn")
-    for n, s in enumerate(samples):
-        for method in _rotated(opts.methods, n):
-            bar.set_postfix_str(f"q{s['id']} {s['voice']} {method}")
-            base, asr = _asr_variant(method)
-            mode, verifier = _mode_and_verifier(base)
-            pcfg = PredGenConfig(
-                verifier=verifier,
-                max_tokens=opts.max_tokens,
-                line_breaks=True,
-                speak_rest=False,
-                first_clause_words=opts.first_clause_words,
-            )
-            pipe = make_pipeline(
-                "chat", models, mode=mode, clock=VirtualClock(), turn=turn, predgen=pcfg, **asr
-            )
-            res = play(pipe, s["audio"])
-            turns = [e for e in res.events if e.type == "turn_metrics"]
-            answers = pipe.answers  # type: ignore[attr-defined]
-            rec: dict[str, Any] = {
-                "id": s["id"],
-                "voice": s["voice"],
-                "paused": s["paused"],
-                "method": method,
-                "question": s["question"],
-                "turns": len(turns),
-                "max_lag_s": res.max_lag_s,
-            }
-            if turns:
-                m = turns[-1]
-                rec.update(
-                    transcript=m.transcript,
-                    wer=_wer(s["question"], m.transcript),
-                    answer=m.answer,
-                    token_ids=answers[-1].token_ids if answers else [],
-                    latency_s=m.latency_s,
-                    audio_ready_s=m.audio_ready_s,
-                    eot_delay_s=m.eot_delay_s,
-                    audio_ready_at_eot=m.audio_ready_at_eot,
-                    asr_s=m.asr_s,
-                    llm_s=m.llm_s,
-                    tts_s=m.tts_s,
-                    asr_passes=m.asr_passes,
-                    target_forwards=m.target_forwards,
-                    speculations=m.speculations,
-                    drafted=m.drafted,
-                    accepted=m.accepted,
-                    first_sentence=m.extra.get("first_sentence"),
-                    presynth_used=m.extra.get("presynth_used"),
-                )
-            records.append(rec)
-            if n == 0:
-                timeline[method] = [e.to_json() for e in res.events if e.type != "answer_delta"]
-            bar.update(1)
-    bar.close()
+
+    def run_one(method: str, s: dict[str, Any]) -> dict[str, Any]:
+        rec, res = _chat_run(models, opts, turn, s, method)
+        if s is samples[0]:
+            timeline[method] = [e.to_json() for e in res.events if e.type != "answer_delta"]
+        return rec
+
+    records = run_interleaved(
+        samples,
+        opts.methods,
+        run_one,
+        desc="live chat",
+        unit="turn",
+        postfix=lambda method, s: f"q{s['id']} {s['voice']} {method}",
+        catch=False,
+    )
     check_identity(records, models.llm)
     summary = summarize_chat(records, opts.methods)
     return {
@@ -427,8 +409,8 @@ def summarize_chat(records: list[dict[str, Any]], methods: Sequence[str]) -> lis
     for m in methods:
         rs = [r for r in records if r["method"] == m]
         vals = [lat[m][k] for k in full]
-        med = _boot(vals, 50)
-        p90 = _boot(vals, 90)
+        med = percentile_ci(vals, 50)
+        p90 = percentile_ci(vals, 90)
         row: dict[str, Any] = {
             "method": m,
             "samples": len(vals),
@@ -465,10 +447,10 @@ def summarize_chat(records: list[dict[str, Any]], methods: Sequence[str]) -> lis
         for b in BASELINES:
             if b in lat and b != m:
                 base_vals = [lat[b][k] for k in full]
-                row[f"vs_{b}_median"] = _paired_ratio(base_vals, vals, 50)
-                row[f"vs_{b}_p90"] = _paired_ratio(base_vals, vals, 90)
+                row[f"vs_{b}_median"] = percentile_ratio(base_vals, vals, 50)
+                row[f"vs_{b}_p90"] = percentile_ratio(base_vals, vals, 90)
                 if m not in BASELINES and all(k in eot for k in full):
-                    row[f"ceiling_vs_{b}_median"] = _paired_ratio(base_vals, [eot[k] for k in full], 50)
+                    row[f"ceiling_vs_{b}_median"] = percentile_ratio(base_vals, [eot[k] for k in full], 50)
         rows.append(row)
     return rows
 
@@ -622,8 +604,6 @@ def translate_utterances(limit: int) -> list[str]:
 
 
 def run_live_translate_bench(opts: LiveBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-    from tqdm import tqdm
-
     load_avg_start = report.load_avg()  # before the models load
     models = load_live_models(
         LiveModelsConfig(model=opts.model, backend=opts.backend, asr_margin_s=opts.asr_margin_s, voice=None)
@@ -656,44 +636,44 @@ def run_live_translate_bench(opts: LiveBenchOptions, log: Callable[[str], None] 
     for line in report.header_lines(header):
         log(line)
     turn = TurnConfig(pause_s=opts.pause_s, end_s=opts.end_s)
-    records: list[dict[str, Any]] = []
-    bar = tqdm(total=len(samples) * len(opts.methods), desc="live translate", unit="utterance")
-    for n, s in enumerate(samples):
-        for method in _rotated(opts.methods, n):
-            bar.set_postfix_str(f"u{s['id']} {s['voice']} {method}")
-            rcfg = RetranslateConfig(target_lang=opts.target_lang, beta=opts.beta, max_tokens=opts.max_tokens)
-            pipe = make_pipeline(
-                "translate", models, mode=method, clock=VirtualClock(), turn=turn, retranslate=rcfg
-            )
-            res = play(pipe, s["audio"])
-            turns = [e for e in res.events if e.type == "turn_metrics"]
-            updates = [u for m in turns for u in m.extra.get("updates", [])]
-            live = [u for u in updates if not u["final"]]
-            finals = [u for u in updates if u["final"]]
-            end = turns[-1].speech_end_t if turns else None
-            records.append(
-                {
-                    "id": s["id"],
-                    "voice": s["voice"],
-                    "method": method,
-                    "source": s["source"],
-                    "transcript": " ".join(m.transcript for m in turns),
-                    "wer": _wer(s["source"], " ".join(m.transcript for m in turns)),
-                    "translation": " ".join(m.translation for m in turns),
-                    "display_latencies": [u["t"] - u["audio_t"] for u in live],
-                    "final_latency_s": (finals[-1]["t"] - end) if finals and end is not None else None,
-                    "ne": normalized_erasure([u["display"] for u in updates], opts.target_lang)
-                    if updates
-                    else None,
-                    "updates": len(live),
-                    "llm_s": sum(m.llm_s for m in turns),
-                    "asr_s": sum(m.asr_s for m in turns),
-                    "max_lag_s": res.max_lag_s,
-                }
-            )
-            bar.update(1)
-    bar.close()
+    records = run_interleaved(
+        samples,
+        opts.methods,
+        lambda method, s: _translate_run(models, opts, turn, s, method),
+        desc="live translate",
+        unit="utterance",
+        postfix=lambda method, s: f"u{s['id']} {s['voice']} {method}",
+        catch=False,
+    )
     return {"header": header, "summary": summarize_translate(records, opts), "records": records}
+
+
+def _translate_run(models, opts: LiveBenchOptions, turn: TurnConfig, s: dict[str, Any], method: str) -> dict:
+    """One spoken utterance through one translation method: its record."""
+    rcfg = RetranslateConfig(target_lang=opts.target_lang, beta=opts.beta, max_tokens=opts.max_tokens)
+    pipe = make_pipeline("translate", models, mode=method, clock=VirtualClock(), turn=turn, retranslate=rcfg)
+    res = play(pipe, s["audio"])
+    turns = [e for e in res.events if e.type == "turn_metrics"]
+    updates = [u for m in turns for u in m.extra.get("updates", [])]
+    live = [u for u in updates if not u["final"]]
+    finals = [u for u in updates if u["final"]]
+    end = turns[-1].speech_end_t if turns else None
+    return {
+        "id": s["id"],
+        "voice": s["voice"],
+        "method": method,
+        "source": s["source"],
+        "transcript": " ".join(m.transcript for m in turns),
+        "wer": _wer(s["source"], " ".join(m.transcript for m in turns)),
+        "translation": " ".join(m.translation for m in turns),
+        "display_latencies": [u["t"] - u["audio_t"] for u in live],
+        "final_latency_s": (finals[-1]["t"] - end) if finals and end is not None else None,
+        "ne": normalized_erasure([u["display"] for u in updates], opts.target_lang) if updates else None,
+        "updates": len(live),
+        "llm_s": sum(m.llm_s for m in turns),
+        "asr_s": sum(m.asr_s for m in turns),
+        "max_lag_s": res.max_lag_s,
+    }
 
 
 def summarize_translate(records: list[dict[str, Any]], opts: LiveBenchOptions) -> list[dict[str, Any]]:
@@ -713,8 +693,8 @@ def summarize_translate(records: list[dict[str, Any]], opts: LiveBenchOptions) -
     for m in methods:
         rs = [r for r in records if r["method"] == m]
         pooled = [x for r in rs for x in r["display_latencies"]]
-        med = _boot(pooled, 50) if pooled else (None, None, None)
-        p90 = _boot(pooled, 90) if pooled else (None, None, None)
+        med = percentile_ci(pooled, 50) if pooled else (None, None, None)
+        p90 = percentile_ci(pooled, 90) if pooled else (None, None, None)
         hyps = [by[(m, *k)]["translation"] for k in keys if k in ref and (m, *k) in by]
         refs = [ref[k] for k in keys if k in ref and (m, *k) in by]
         q = _quality(hyps, refs, opts.target_lang) if hyps else {"chrf": None, "bleu": None}
@@ -740,7 +720,7 @@ def summarize_translate(records: list[dict[str, Any]], opts: LiveBenchOptions) -
             base, new = per_sample_median("ar"), per_sample_median(m)
             pairs = [(b, x) for b, x in zip(base, new, strict=True) if np.isfinite(b) and np.isfinite(x)]
             if pairs:
-                row["vs_ar_display"] = _paired_ratio([b for b, _ in pairs], [x for _, x in pairs], 50)
+                row["vs_ar_display"] = percentile_ratio([b for b, _ in pairs], [x for _, x in pairs], 50)
             ar_ne = [r["ne"] for r in records if r["method"] == "ar" and r["ne"] is not None]
             if ar_ne and nes and statistics.fmean(ar_ne) > 0:
                 row["ne_vs_ar"] = statistics.fmean(nes) / statistics.fmean(ar_ne)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from speclive.common_options import backend_option, max_tokens_option, model_option
 from speclive.decoder import GenerationConfig, SpeculativeDecoder
 from speclive.loader import load_backend, make_drafter
@@ -36,6 +38,7 @@ from speclive.tts.piper import PiperTTS
 from speclive_bench import report
 from speclive_bench.datasets import mtbench_questions
 from speclive_bench.exactness import ar_logit_gap, first_divergence
+from speclive_bench.harness import rotated
 
 METHODS = ("baseline", "greedy", "topk:3", "reflection")
 
@@ -149,8 +152,6 @@ def _parse_rating(text: str) -> float | None:
 
 
 def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-    from tqdm import tqdm
-
     load_avg_start = report.load_avg()  # before the models load
     backend = load_backend(opts.model, opts.backend, device=opts.device)
     tts = None
@@ -159,23 +160,7 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
         tts.synthesize("Warm up.")
     q1, q2 = mtbench_questions(1), mtbench_questions(2)
     idx = _spread(len(q1), opts.limit)
-    header = {
-        "machine": report.machine_info(load_avg_start),
-        "target": backend.name,
-        "backends": backend.kind,
-        "settings": {
-            "device": opts.device,
-            "cpm": opts.cpm,
-            "max_tokens": opts.max_tokens,
-            "questions": len(idx),
-            "turns": list(opts.turns),
-            "tts": tts.name if tts else None,
-            "judge": opts.judge,
-            "greedy decoding": True,
-        },
-        "methods": list(opts.methods),
-        "command": opts.command,
-    }
+    header = _predgen_header(opts, backend, tts, len(idx), load_avg_start)
     for line in report.header_lines(header):
         log(line)
     warm = PredictiveResponder(backend, max_tokens=4, baseline=True)
@@ -191,50 +176,14 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
             history: list[dict[str, str]] = []
             if turn == 2:
                 history = turn2_history(q1[i]["prompt"], turn1_answer or "")
-            order = ["baseline"] + [m for m in methods if m != "baseline"]  # the baseline first: turn 2
-            rest = order[1:]
-            order = order[:1] + rest[n % max(1, len(rest)) :] + rest[: n % max(1, len(rest))]
-            for method in order:
+            # the baseline first (turn 2 continues its answer), the others rotated
+            for method in ["baseline", *rotated([m for m in methods if m != "baseline"], n)]:
                 if method not in methods:
                     continue
                 bar.set_postfix_str(f"q{question['id']} t{turn} {method}")
-                # "VERIFIER[@OPTION...]", e.g. greedy@chunks (sessions.predictive.parse_method)
-                verifier, kw = ("greedy", {}) if method == "baseline" else parse_method(method)
-                s = PredictiveResponder(
-                    backend,
-                    tts=tts,
-                    history=history,
-                    max_tokens=opts.max_tokens,
-                    speak_rest=False,
-                    baseline=method == "baseline",
-                    verifier=verifier,
-                    **kw,
-                )
-                try:
-                    resp, tl = simulate_user(s, question["prompt"], opts.cpm)
-                finally:
-                    s.close()
-                wait = tl["wait_s"]
-                rec = {
-                    "id": question["id"],
-                    "category": question["category"],
-                    "turn": turn,
-                    "method": method,
-                    "question": question["prompt"],
-                    "response": resp.response,
-                    "token_ids": resp.token_ids,
-                    "first_sentence": resp.first_sentence,
-                    "ttfs_ms": 1000 * (wait + resp.ttfs_s),
-                    "nfetfs": resp.nfetfs,
-                    "audio_latency_ms": 1000 * (wait + resp.audio_latency_s),
-                    "wait_ms": 1000 * wait,
-                    "presynth_used": resp.presynth_used,
-                    "updates": len(tl["updates"]),
-                    "input_s": tl["input_s"],
-                    "speculation_s": sum(u["compute_s"] for u in tl["updates"]),
-                }
+                rec = _answer(backend, tts, opts, method, question, turn, history)
                 if method == "baseline" and turn == 1:
-                    turn1_answer = resp.response
+                    turn1_answer = rec["response"]
                 records.append(rec)
                 bar.update(1)
     bar.close()
@@ -246,6 +195,75 @@ def run_predgen_bench(opts: PredGenBenchOptions, log: Callable[[str], None] = pr
     header["settings"]["near_tie_gap"] = opts.near_tie
     check_greedy_exactness(records, backend, opts.near_tie)
     return {"header": header, "summary": summarize(records, methods, opts.turns), "records": records}
+
+
+def _predgen_header(
+    opts: PredGenBenchOptions, backend: Any, tts: Any, questions: int, load_avg_start: list[float] | None
+) -> dict[str, Any]:
+    return {
+        "machine": report.machine_info(load_avg_start),
+        "target": backend.name,
+        "backends": backend.kind,
+        "settings": {
+            "device": opts.device,
+            "cpm": opts.cpm,
+            "max_tokens": opts.max_tokens,
+            "questions": questions,
+            "turns": list(opts.turns),
+            "tts": tts.name if tts else None,
+            "judge": opts.judge,
+            "greedy decoding": True,
+        },
+        "methods": list(opts.methods),
+        "command": opts.command,
+    }
+
+
+def _answer(
+    backend: Any,
+    tts: Any,
+    opts: PredGenBenchOptions,
+    method: str,
+    question: dict[str, Any],
+    turn: int,
+    history: list[dict[str, str]],
+) -> dict[str, Any]:
+    """One method answers one question typed by the simulated user: its record."""
+    # "VERIFIER[@OPTION...]", e.g. greedy@chunks (sessions.predictive.parse_method)
+    verifier, kw = ("greedy", {}) if method == "baseline" else parse_method(method)
+    s = PredictiveResponder(
+        backend,
+        tts=tts,
+        history=history,
+        max_tokens=opts.max_tokens,
+        speak_rest=False,
+        baseline=method == "baseline",
+        verifier=verifier,
+        **kw,
+    )
+    try:
+        resp, tl = simulate_user(s, question["prompt"], opts.cpm)
+    finally:
+        s.close()
+    wait = tl["wait_s"]
+    return {
+        "id": question["id"],
+        "category": question["category"],
+        "turn": turn,
+        "method": method,
+        "question": question["prompt"],
+        "response": resp.response,
+        "token_ids": resp.token_ids,
+        "first_sentence": resp.first_sentence,
+        "ttfs_ms": 1000 * (wait + resp.ttfs_s),
+        "nfetfs": resp.nfetfs,
+        "audio_latency_ms": 1000 * (wait + resp.audio_latency_s),
+        "wait_ms": 1000 * wait,
+        "presynth_used": resp.presynth_used,
+        "updates": len(tl["updates"]),
+        "input_s": tl["input_s"],
+        "speculation_s": sum(u["compute_s"] for u in tl["updates"]),
+    }
 
 
 def turn2_history(question: str, answer: str) -> list[dict[str, str]]:

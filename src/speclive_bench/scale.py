@@ -45,7 +45,9 @@ from speclive.sessions.retranslate import ReTranslator
 from speclive.sessions.simulate import lag_k_prefixes, split_sentences, word_arrivals
 from speclive_bench import report
 from speclive_bench.datasets import mtbench_questions
+from speclive_bench.harness import rotated
 from speclive_bench.launch import VLLMServer
+from speclive_bench.stats import percentile
 
 #: words of a voice-chat question (shorter ones are over before speculation can help)
 Q_MIN_WORDS, Q_MAX_WORDS = 8, 22
@@ -261,10 +263,9 @@ def run_scale_bench(
             for n in opts.sessions:
                 for work in opts.workloads:
                     ms = methods[work]
-                    order = ms[r % len(ms) :] + ms[: r % len(ms)]
                     pool = sources if work == "retranslate" else questions
                     inputs = [pool[(r * max(opts.sessions) + i) % len(pool)] for i in range(n)]
-                    for m in order:
+                    for m in rotated(ms, r):
                         fn = _retranslate_stream if work == "retranslate" else _chat_turn
                         t0 = time.perf_counter()
                         outs = _run_threads(
@@ -302,13 +303,6 @@ def _mean(xs: Sequence[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-def _pct(xs: Sequence[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
-
-
 def summarize(
     records: list[dict[str, Any]], opts: ScaleBenchOptions, methods: dict[str, list[str]]
 ) -> list[dict[str, Any]]:
@@ -331,8 +325,8 @@ def summarize(
                     "method": m,
                     "samples": len(vals),
                     "mean_s": _mean(vals),
-                    "p50_s": _pct(vals, 0.5),
-                    "p90_s": _pct(vals, 0.9),
+                    "p50_s": percentile(vals, 50, "nearest-up"),
+                    "p90_s": percentile(vals, 90, "nearest-up"),
                 }
                 if work == "retranslate":
                     drafted = sum(r["drafted"] for r in rs)

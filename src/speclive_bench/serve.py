@@ -50,7 +50,9 @@ from speclive.server.config import SERVE_OPTIONS
 from speclive.server.inproc import free_port
 from speclive.tts.piper import PiperTTS
 from speclive_bench import datasets, report
+from speclive_bench.harness import rotated
 from speclive_bench.live import chat_questions, speak
+from speclive_bench.stats import percentile
 
 SERVERS = ("speclive", "llama_cpp.server")
 
@@ -214,14 +216,6 @@ def chat_stream(
     return req
 
 
-def _percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    xs = sorted(xs)
-    k = min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))
-    return xs[k]
-
-
 def _concurrent(srv: Running, model: str, prompts: list[str], clients: int, opts, count) -> dict[str, Any]:
     """``clients`` threads share ``prompts``; aggregate throughput and latency percentiles."""
     results: list[Request] = []
@@ -254,8 +248,8 @@ def _concurrent(srv: Running, model: str, prompts: list[str], clients: int, opts
         "tokens": sum(r.tokens for r in ok),
         "wall_s": wall,
         "aggregate_tok_s": sum(r.tokens for r in ok) / wall if wall > 0 else 0.0,
-        "latency_p50_s": _percentile(lat, 0.5),
-        "latency_p99_s": _percentile(lat, 0.99),
+        "latency_p50_s": percentile(lat, 50, "nearest") or 0.0,
+        "latency_p99_s": percentile(lat, 99, "nearest") or 0.0,
         "error_samples": sorted({r.error for r in results if r.error})[:3],
     }
 
@@ -393,12 +387,53 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
     header = {"machine": report.machine_info(), "target": opts.model, "gguf": Path(gguf).name}
     log_dir = Path(tempfile.mkdtemp(prefix="speclive-bench-serve-"))  # the servers' output
     log(f"server logs in {log_dir}")
-    py = sys.executable
     ours_port, peer_port = free_port(), free_port()
     # speclive computes that many requests at once (their verification passes batched); the
     # peer's server takes one request at a time whatever it is told
     sessions = opts.max_sessions or max(opts.clients, *opts.voice_sessions, 1)
-    cmds = {
+    cmds = _server_commands(opts, str(gguf), ours_port, peer_port, sessions)
+    servers: dict[str, Running] = {}
+    # without prompt sets only the realtime phase runs (and only speclive is started)
+    names = SERVERS if opts.prompts else ("speclive",)
+    concurrent: list[dict[str, Any]] = []
+    try:
+        for name in names:
+            log(f"starting {name} ...")
+            servers[name] = start_server(
+                name, cmds[name], ours_port if name == "speclive" else peer_port, log_dir
+            )
+        models = {n: httpx.get(f"{s.url}/v1/models").json()["data"][0]["id"] for n, s in servers.items()}
+        warm = next(iter(opts.prompts.values()), [])[: opts.warmup]
+        for name, srv in servers.items():
+            for p in warm:
+                chat_stream(srv.url, models[name], p, opts.max_tokens, count)
+        single = _single_client(servers, models, opts, count, log)
+        all_prompts = [p for v in opts.prompts.values() for p in v]
+        for name in (*SERVERS, *SERVERS[::-1]) if opts.prompts else ():
+            log(f"{opts.clients} clients on {name} ...")
+            row = _concurrent(servers[name], models[name], all_prompts, opts.clients, opts, count)
+            concurrent.append(row)
+        voice = _voice_phase(servers["speclive"].url, opts, log) if opts.voice_questions else []
+    finally:
+        for srv in servers.values():
+            stop_server(srv)
+    header |= {"settings": _serve_settings(opts, sessions), "command": opts.command}
+    return {
+        "header": header,
+        "single": [r.__dict__ for r in single],
+        "concurrent": concurrent,
+        "voice": voice,
+        "summary": summarize(single, concurrent) | {"voice": summarize_voice(voice)},
+    }
+
+
+def _server_commands(
+    opts: ServeBenchOptions, gguf: str, ours_port: int, peer_port: int, sessions: int
+) -> dict[str, list[str]]:
+    """The command lines of both servers on ``gguf``: speclive computing ``sessions`` requests
+    at once (their verification passes batched), llama-cpp-python's server (one at a time)."""
+    py = sys.executable
+    return {
         "speclive": SERVE_OPTIONS.argv(
             [py, "-m", "speclive.cli", "serve"],
             SERVE_OPTIONS.preset(
@@ -415,7 +450,7 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
             "-m",
             "llama_cpp.server",
             "--model",
-            str(gguf),
+            gguf,
             "--host",
             "127.0.0.1",
             "--port",
@@ -428,45 +463,29 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
             str(opts.n_ctx),
         ],
     }
-    servers: dict[str, Running] = {}
-    # without prompt sets only the realtime phase runs (and only speclive is started)
-    names = SERVERS if opts.prompts else ("speclive",)
+
+
+def _single_client(
+    servers: dict[str, Running], models: dict[str, str], opts: ServeBenchOptions, count, log
+) -> list[Request]:
+    """Every prompt on both servers, one request at a time, which server goes first
+    alternating per prompt."""
     single: list[Request] = []
-    concurrent: list[dict[str, Any]] = []
-    try:
-        for name in names:
-            log(f"starting {name} ...")
-            servers[name] = start_server(
-                name, cmds[name], ours_port if name == "speclive" else peer_port, log_dir
-            )
-        models = {n: httpx.get(f"{s.url}/v1/models").json()["data"][0]["id"] for n, s in servers.items()}
-        warm = next(iter(opts.prompts.values()), [])[: opts.warmup]
-        for name, srv in servers.items():
-            for p in warm:
-                chat_stream(srv.url, models[name], p, opts.max_tokens, count)
+    total = sum(len(v) for v in opts.prompts.values())
+    i = 0
+    for set_name, prompts in opts.prompts.items():
+        for p in prompts:
+            for name in rotated(SERVERS, i):
+                r = chat_stream(servers[name].url, models[name], p, opts.max_tokens, count)
+                r.server, r.prompt_set = name, set_name
+                single.append(r)
+            i += 1
+            log(f"1 client: {i}/{total} prompts")
+    return single
 
-        total = sum(len(v) for v in opts.prompts.values())
-        i = 0
-        for set_name, prompts in opts.prompts.items():
-            for p in prompts:
-                order = SERVERS if i % 2 == 0 else SERVERS[::-1]
-                for name in order:
-                    r = chat_stream(servers[name].url, models[name], p, opts.max_tokens, count)
-                    r.server, r.prompt_set = name, set_name
-                    single.append(r)
-                i += 1
-                log(f"1 client: {i}/{total} prompts")
 
-        all_prompts = [p for v in opts.prompts.values() for p in v]
-        for name in (*SERVERS, *SERVERS[::-1]) if opts.prompts else ():
-            log(f"{opts.clients} clients on {name} ...")
-            row = _concurrent(servers[name], models[name], all_prompts, opts.clients, opts, count)
-            concurrent.append(row)
-        voice = _voice_phase(servers["speclive"].url, opts, log) if opts.voice_questions else []
-    finally:
-        for srv in servers.values():
-            stop_server(srv)
-    settings = {
+def _serve_settings(opts: ServeBenchOptions, sessions: int) -> dict[str, Any]:
+    return {
         "max_tokens": opts.max_tokens,
         "clients": opts.clients,
         "threads": opts.threads,
@@ -477,14 +496,6 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
         "voice_questions": opts.voice_questions,
         "voice_concurrency": list(opts.voice_sessions),  # the key earlier results use
         "speclive_max_sessions": sessions,
-    }
-    header |= {"settings": settings, "command": opts.command}
-    return {
-        "header": header,
-        "single": [r.__dict__ for r in single],
-        "concurrent": concurrent,
-        "voice": voice,
-        "summary": summarize(single, concurrent) | {"voice": summarize_voice(voice)},
     }
 
 
@@ -541,7 +552,7 @@ def summarize_voice(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
             row[m] = {
                 "median_s": statistics.median(lat) if lat else None,
-                "p90_s": _percentile(lat, 0.9) if lat else None,
+                "p90_s": percentile(lat, 90, "nearest"),
                 "n": len(lat),
                 "errors": sum(
                     1 for r in records if r["concurrency"] == conc and r["method"] == m and r["error"]

@@ -23,6 +23,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from speclive.tts.piper import PiperTTS
 from speclive_bench import report
 from speclive_bench.fuzz_realtime import scrape
 from speclive_bench.serve import start_server, stop_server
+from speclive_bench.stats import percentile
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -313,6 +315,48 @@ def _slope_per_min(samples: list[dict[str, float]], key: str) -> float:
     return float(np.polyfit(t, y, 1)[0])
 
 
+def _turn_errors(turns: Sequence[dict[str, Any]]) -> list[str]:
+    """Per turn, in order: its error events, then its failure or a missing answer."""
+    errors: list[str] = []
+    for t in turns:
+        errors += [f"session {t['session']}: error event {c}" for c in t.get("errors", [])]
+        if t.get("failure"):
+            errors.append(f"session {t['session']}: {t['failure']}")
+        elif t.get("latency_s") is None:
+            errors.append(f"session {t['session']}: a turn without answer audio")
+    return errors
+
+
+def _mark_own_transcripts(turns: Sequence[dict[str, Any]], questions: tuple[str, ...]) -> int:
+    """Mark each transcribed turn ``own`` when its transcript is closest to its session's own
+    question; returns how many were another session's (crossed state)."""
+    crossed = 0
+    for t in turns:
+        if t.get("transcript") is not None:
+            own = questions[t["session"]]
+            t["own"] = questions[closest_question(t["transcript"], questions)] == own
+            crossed += not t["own"]
+    return crossed
+
+
+def _latency_windows(lat: Sequence[tuple[float, float]], minutes: float) -> list[dict[str, Any]]:
+    """p50 / p99 answer latency per window of the run (a tenth of it, at least a minute)."""
+    windows = []
+    span = max(60.0, minutes * 60 / 10)
+    for w0 in np.arange(0, minutes * 60, span):
+        xs = [x for t, x in lat if w0 <= t < w0 + span]
+        if xs:
+            windows.append(
+                {
+                    "from_min": round(w0 / 60, 1),
+                    "turns": len(xs),
+                    "p50_s": percentile(xs, 50),
+                    "p99_s": percentile(xs, 99),
+                }
+            )
+    return windows
+
+
 def summarize_soak(
     opts: SoakOptions,
     command: str,
@@ -326,34 +370,13 @@ def summarize_soak(
     """The figures of a run (``opts``: its settings; the sessions' and clients' records)."""
     turns = [t for v in voices for t in v.turns]
     errors = [e for v in voices for e in v.errors] + [e for c in chats for e in c.errors]
-    crossed = 0
-    for t in turns:
-        errors += [f"session {t['session']}: error event {c}" for c in t.get("errors", [])]
-        if t.get("failure"):
-            errors.append(f"session {t['session']}: {t['failure']}")
-        elif t.get("latency_s") is None:
-            errors.append(f"session {t['session']}: a turn without answer audio")
-        if t.get("transcript") is not None:
-            own = questions[t["session"]]
-            t["own"] = questions[closest_question(t["transcript"], questions)] == own
-            crossed += not t["own"]
+    errors += _turn_errors(turns)
+    crossed = _mark_own_transcripts(turns, questions)
     warm_s = (opts.warmup_minutes if opts.warmup_minutes is not None else opts.minutes / 5) * 60
     after_warm = [s for s in samples if s["t"] >= warm_s] or samples[-1:]
     start, end = after_warm[0], samples[-1]
-    windows = []
-    span = max(60.0, opts.minutes * 60 / 10)
     lat = [(t["t"], t["latency_s"]) for t in turns if t.get("latency_s") is not None]
-    for w0 in np.arange(0, opts.minutes * 60, span):
-        xs = [x for t, x in lat if w0 <= t < w0 + span]
-        if xs:
-            windows.append(
-                {
-                    "from_min": round(w0 / 60, 1),
-                    "turns": len(xs),
-                    "p50_s": float(np.percentile(xs, 50)),
-                    "p99_s": float(np.percentile(xs, 99)),
-                }
-            )
+    windows = _latency_windows(lat, opts.minutes)
     all_lat = [x for _, x in lat]
     summary = {
         "turns": len(turns),
@@ -370,8 +393,8 @@ def summarize_soak(
         "trimmed_mib": end.get("trimmed_bytes", 0) / 2**20,
         "open_fds_after_warmup": start.get("open_fds"),
         "open_fds_end": end.get("open_fds"),
-        "latency_p50_s": float(np.percentile(all_lat, 50)) if all_lat else None,
-        "latency_p99_s": float(np.percentile(all_lat, 99)) if all_lat else None,
+        "latency_p50_s": percentile(all_lat, 50),
+        "latency_p99_s": percentile(all_lat, 99),
         "health_at_end": health,
         "kv_cell_evictions": end.get("kv_cell_evictions"),
         "kv_restores": end.get("kv_restores"),

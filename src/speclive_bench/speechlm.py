@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from speclive.common_options import threads_option
 from speclive.errors import ConfigError
 from speclive.options import OptionSet, option
 from speclive.speechlm import EngineCore, SamplingParams, SchedulerConfig, SpeechLM, SpeechLMConfig
+from speclive.speechlm import musicgen as mg
 from speclive.speechlm.delay import interleave
 from speclive.speechlm.reference import reference_generate
 from speclive.speechlm.vocab import encode_text
@@ -168,14 +170,11 @@ def run_exactness(model, o: SpeechLMBenchOptions) -> dict[str, Any]:
 def run_musicgen_exactness(o: SpeechLMBenchOptions, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Tiny random MusicGen through the engine vs transformers (greedy): ``generate(guidance_scale)``
     unconditioned, and a loop over its forward for conditioned CFG."""
-    try:  # lazy: MusicGen needs a transformers build with it; the comparison is skipped without
-        from speclive.speechlm import musicgen as mg
+    try:  # MusicGen needs a transformers build with it; the comparison is skipped without
+        hf = mg.tiny_musicgen()
     except ImportError as e:  # pragma: no cover
         log(f"MusicGen comparison skipped: {e}")
         return []
-    from types import SimpleNamespace
-
-    hf = mg.tiny_musicgen()
     ad = mg.MusicgenAdapter(hf)
     n_frames = 16
     rows = []
@@ -242,8 +241,38 @@ def run_speechlm_bench(o: SpeechLMBenchOptions, log: Callable[[str], None] = pri
     torch.set_num_threads(o.threads)
     mcfg = SpeechLMConfig.preset(o.preset)
     model = SpeechLM(mcfg)
+    header = _speechlm_header(o, mcfg, model, load_avg_start)
+    for line in report.header_lines(header):
+        log(line)
+    run_engine(model, o, 4, 0)  # warm-up
+    scaling, seq = _scaling(model, o, log)
+    cfg_rows = _cfg_rows(model, o, log)
+    exact = run_exactness(model, o)
+    log(f"exactness: {exact}")
+    exact_rows = [{"comparison": "engine vs sequential reference (speech LM, fp32)", **exact}]
+    exact_rows += run_musicgen_exactness(o, log)
+    at32 = next((r for r in scaling if r["concurrency"] == 32), None)
+    targets = {
+        "batching_speedup_at_32": None if at32 is None else at32["speedup"],
+        "batching_target_8x_met": None if at32 is None else at32["speedup"] >= 8,
+        "cfg_ratio": cfg_rows[-1]["vs_no_cfg"],
+        "cfg_target_90pct_met": cfg_rows[-1]["vs_no_cfg"] >= 0.9,
+    }
+    return {
+        "header": header,
+        "sequential": seq,
+        "scaling": scaling,
+        "cfg": cfg_rows,
+        "exactness": exact_rows,
+        "targets": targets,
+    }
+
+
+def _speechlm_header(
+    o: SpeechLMBenchOptions, mcfg: SpeechLMConfig, model: SpeechLM, load_avg_start: list[float] | None
+) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
-    header = {
+    return {
         "machine": report.machine_info(load_avg_start),
         "models": {
             "speech LM": f"random {o.preset}: S={mcfg.n_streams} streams x K={mcfg.codebook_size} codes, "
@@ -262,11 +291,15 @@ def run_speechlm_bench(o: SpeechLMBenchOptions, log: Callable[[str], None] = pri
         },
         "command": o.command,
     }
-    for line in report.header_lines(header):
-        log(line)
-    run_engine(model, o, 4, 0)  # warm-up
-    # the baseline is measured right before every engine run and the speedup is the median of
-    # the paired ratios: on a shared CPU a baseline measured once drifts with the load
+
+
+def _scaling(
+    model: SpeechLM, o: SpeechLMBenchOptions, log: Callable[[str], None]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Engine throughput per concurrency against the sequential baseline: (rows, baseline).
+
+    The baseline is measured right before every engine run and the speedup is the median of
+    the paired ratios: on a shared CPU a baseline measured once drifts with the load."""
     seq_runs: list[dict[str, Any]] = []
     scaling = []
     for c in o.concurrency:
@@ -291,6 +324,11 @@ def run_speechlm_bench(o: SpeechLMBenchOptions, log: Callable[[str], None] = pri
     seq = dict(seq_runs[len(seq_runs) // 2])
     seq["decode_tps_all"] = [round(r["decode_tps"], 1) for r in seq_runs]
     log(f"sequential baseline: {seq['decode_tps']:.1f} decode tok/s (median of {len(seq_runs)} runs)")
+    return scaling, seq
+
+
+def _cfg_rows(model: SpeechLM, o: SpeechLMBenchOptions, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The same workload without, half and all with classifier-free guidance."""
     w = o.cfg_workload
     cfg_rows = []
     for name, plain, guided in (("no CFG", w, 0), ("half CFG", w // 3, w // 3), ("all CFG", 0, w // 2)):
@@ -301,25 +339,7 @@ def run_speechlm_bench(o: SpeechLMBenchOptions, log: Callable[[str], None] = pri
     base = cfg_rows[0]["decode_tps"]
     for r in cfg_rows:
         r["vs_no_cfg"] = r["decode_tps"] / base
-    exact = run_exactness(model, o)
-    log(f"exactness: {exact}")
-    exact_rows = [{"comparison": "engine vs sequential reference (speech LM, fp32)", **exact}]
-    exact_rows += run_musicgen_exactness(o, log)
-    at32 = next((r for r in scaling if r["concurrency"] == 32), None)
-    targets = {
-        "batching_speedup_at_32": None if at32 is None else at32["speedup"],
-        "batching_target_8x_met": None if at32 is None else at32["speedup"] >= 8,
-        "cfg_ratio": cfg_rows[-1]["vs_no_cfg"],
-        "cfg_target_90pct_met": cfg_rows[-1]["vs_no_cfg"] >= 0.9,
-    }
-    return {
-        "header": header,
-        "sequential": seq,
-        "scaling": scaling,
-        "cfg": cfg_rows,
-        "exactness": exact_rows,
-        "targets": targets,
-    }
+    return cfg_rows
 
 
 SCALING_COLUMNS = (

@@ -30,6 +30,7 @@ from speclive.sessions.retranslate import ReTranslator
 from speclive.sessions.simulate import lag_k_prefixes, split_sentences
 from speclive_bench import report
 from speclive_bench.datasets import mtbench_questions
+from speclive_bench.harness import rotated
 
 #: sentences with fewer words re-translate in one or two updates: nothing to speculate on
 MIN_WORDS, MAX_WORDS = 8, 40
@@ -152,8 +153,7 @@ def run_retranslate_bench(
         w.close()
         for si, sent in enumerate(sentences):
             prefixes = lag_k_prefixes(sent, opts.lag_k)
-            order = cfgs[si % len(cfgs) :] + cfgs[: si % len(cfgs)]
-            for c in order:
+            for c in rotated(cfgs, si):
                 bar.set_postfix_str(f"{lang} #{si} {c['name']}")
                 s = ReTranslator(backend, target_lang=lang, max_tokens=opts.max_tokens, **c["kw"])
                 t0 = time.perf_counter()

@@ -41,6 +41,7 @@ from speclive_bench import report
 from speclive_bench.decode import SUMMARY_COLUMNS, run_decode_bench
 from speclive_bench.methods import method_base
 from speclive_bench.prompts import CHAT_JOIN, load_prompts, question_key
+from speclive_bench.stats import percentile, ratio_of_sums
 
 TALON_DEFAULT_METHODS: tuple[str, ...] = (
     "ar",
@@ -82,7 +83,7 @@ def lookup_timing(
     out: dict[str, Any] = {
         "lookups": len(times),
         "mean_ms": mean_ms,
-        "p99_ms": 1000 * times[int(0.99 * (len(times) - 1))],
+        "p99_ms": 1000 * (percentile(times, 99, "lower") or 0.0),
         "max_ms": 1000 * times[-1],
         "t1_ms": t1_ms,
     }
@@ -124,16 +125,15 @@ def _ratio_ci(
     ids = sorted(set(ra) & set(rb))
     if not ids:
         return None
-    ta = np.array([ra[i]["new_tokens"] for i in ids], float)
-    wa = np.array([ra[i]["wall_s"] for i in ids], float)
-    tb = np.array([rb[i]["new_tokens"] for i in ids], float)
-    wb = np.array([rb[i]["wall_s"] for i in ids], float)
-    point = (ta.sum() / wa.sum()) / (tb.sum() / wb.sum())
-    rng = np.random.default_rng(seed)
-    pick = rng.integers(0, len(ids), size=(n_boot, len(ids)))
-    boot = (ta[pick].sum(1) / wa[pick].sum(1)) / (tb[pick].sum(1) / wb[pick].sum(1))
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"a": a, "b": b, "prompts": len(ids), "ratio": float(point), "lo": float(lo), "hi": float(hi)}
+    ratio, lo, hi = ratio_of_sums(
+        [ra[i]["new_tokens"] for i in ids],
+        [ra[i]["wall_s"] for i in ids],
+        [rb[i]["new_tokens"] for i in ids],
+        [rb[i]["wall_s"] for i in ids],
+        n=n_boot,
+        seed=seed,
+    )
+    return {"a": a, "b": b, "prompts": len(ids), "ratio": ratio, "lo": lo, "hi": hi}
 
 
 def verdict(c: Mapping[str, Any]) -> str:
@@ -235,11 +235,24 @@ def datastore_facts(path: str | None, prompts: Sequence[Mapping[str, Any]]) -> d
 def talon_markdown(result: Mapping[str, Any]) -> str:
     h = result["header"]
     lines = report.markdown_preamble(f"Talon benchmark: {h['target']} ({', '.join(h['backends'])})", h)
-    sets = list(dict.fromkeys(r["set"] for r in result["summary"]))
-    methods = list(dict.fromkeys(r["label"] for r in result["summary"]))
-    cell = {(r["set"], r["label"]): r for r in result["summary"]}
-    lines.append("## Speedup and τ (Talon Table 1 layout; speedup = end-to-end tok/s vs AR)")
-    lines.append("")
+    lines += _table1_lines(result["summary"])
+    lines += _lookup_lines(result.get("lookup", {}))
+    lines += _hybrid_lines(result.get("hybrid_vs_best", {}))
+    lines += _async_lines(result.get("async", {}))
+    lines += _datastore_lines(h.get("datastore", {}))
+    if h.get("skipped"):
+        lines += ["", "Skipped: " + "; ".join(h["skipped"])]
+    if result.get("notes"):
+        lines += ["", *[f"- {n}" for n in result["notes"]]]
+    return "\n".join(lines) + "\n"
+
+
+def _table1_lines(summary: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Speedup and τ per set and method in Talon's Table 1 layout, then a table per set."""
+    sets = list(dict.fromkeys(r["set"] for r in summary))
+    methods = list(dict.fromkeys(r["label"] for r in summary))
+    cell = {(r["set"], r["label"]): r for r in summary}
+    lines = ["## Speedup and τ (Talon Table 1 layout; speedup = end-to-end tok/s vs AR)", ""]
     head = (
         "| method | " + " | ".join(f"{s} speedup | {s} τ" for s in sets) + " | identical / near-tie / bug |"
     )
@@ -260,88 +273,99 @@ def talon_markdown(result: Mapping[str, Any]) -> str:
     lines.append("")
     for s in sets:
         lines += ["", f"## {s}: acceptance, tokens/s, bounds", ""]
-        lines.append(report.md_table(SUMMARY_COLUMNS, [r for r in result["summary"] if r["set"] == s]))
-    lk = result.get("lookup", {})
-    if lk.get("lookups"):
-        frac = lk.get("mean_fraction_of_step")
-        lines += [
-            "",
-            "## Suffix lookups",
-            "",
-            f"{lk['lookups']} retrievals (per-request + global store, tree building included) over the AR "
-            f"outputs: mean {lk['mean_ms']:.3f} ms, p99 {lk['p99_ms']:.3f} ms, max {lk['max_ms']:.3f} ms"
-            + (
-                f"; one target step t(1) = {lk['t1_ms']:.1f} ms, so a lookup costs {100 * frac:.2f}%."
-                if frac
-                else "."
-            ),
-        ]
-    hv = result.get("hybrid_vs_best", {})
-    if any(e.get("hybrid_vs_best") for e in hv.values()):
-        lines += [
-            "",
-            "## Hybrid against the best single drafter (throughput ratio, 95 % bootstrap over prompts)",
-            "",
-            "| set | best single | its speedup vs AR | hybrid vs AR | hybrid / best | verdict "
-            "| A/A replicas |",
-            "|---|---|---|---|---|---|---|",
-        ]
+        lines.append(report.md_table(SUMMARY_COLUMNS, [r for r in summary if r["set"] == s]))
+    return lines
 
-        def fmt(c: Mapping[str, Any] | None) -> str:
-            return f"{c['ratio']:.3f} [{c['lo']:.3f}, {c['hi']:.3f}]" if c else "–"
 
-        for s, e in hv.items():
-            c = e.get("hybrid_vs_best")
-            if not c:
-                continue
-            reps = "; ".join(f"{r['a']} / {r['b']} = {fmt(r)}" for r in e.get("replicas", [])) or "–"
-            lines.append(
-                f"| {s} | {e['best_single']} | {fmt(e['vs_ar'].get(e['best_single']))} "
-                f"| {fmt(e['vs_ar'].get('hybrid'))} | {fmt(c)} | {c['verdict']} | {reps} |"
-            )
-        lines += [
-            "",
-            "The best single drafter is picked per set by its point estimate, which favours it "
-            "(the largest of several noisy ratios is biased upwards). An A/A replica is the same "
-            "drafter run twice side by side: its ratio shows the spread timing noise and diverging "
-            "learned state alone produce.",
-        ]
-    asy = result.get("async", {})
-    if asy:
-        lines += ["", "## Asynchronous mode (hybrid-async): how busy each side was", ""]
+def _lookup_lines(lk: Mapping[str, Any]) -> list[str]:
+    if not lk.get("lookups"):
+        return []
+    frac = lk.get("mean_fraction_of_step")
+    return [
+        "",
+        "## Suffix lookups",
+        "",
+        f"{lk['lookups']} retrievals (per-request + global store, tree building included) over the AR "
+        f"outputs: mean {lk['mean_ms']:.3f} ms, p99 {lk['p99_ms']:.3f} ms, max {lk['max_ms']:.3f} ms"
+        + (
+            f"; one target step t(1) = {lk['t1_ms']:.1f} ms, so a lookup costs {100 * frac:.2f}%."
+            if frac
+            else "."
+        ),
+    ]
+
+
+def _ratio_cell(c: Mapping[str, Any] | None) -> str:
+    return f"{c['ratio']:.3f} [{c['lo']:.3f}, {c['hi']:.3f}]" if c else "–"
+
+
+def _hybrid_lines(hv: Mapping[str, Any]) -> list[str]:
+    if not any(e.get("hybrid_vs_best") for e in hv.values()):
+        return []
+    lines = [
+        "",
+        "## Hybrid against the best single drafter (throughput ratio, 95 % bootstrap over prompts)",
+        "",
+        "| set | best single | its speedup vs AR | hybrid vs AR | hybrid / best | verdict | A/A replicas |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s, e in hv.items():
+        c = e.get("hybrid_vs_best")
+        if not c:
+            continue
+        reps = "; ".join(f"{r['a']} / {r['b']} = {_ratio_cell(r)}" for r in e.get("replicas", [])) or "–"
         lines.append(
-            "| set | wall s | draft busy | target side | main waited for draft s | pre-verify | post-verify "
-            "| reused jobs | reused tokens |"
+            f"| {s} | {e['best_single']} | {_ratio_cell(e['vs_ar'].get(e['best_single']))} "
+            f"| {_ratio_cell(e['vs_ar'].get('hybrid'))} | {_ratio_cell(c)} | {c['verdict']} | {reps} |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|")
-        for s, a in asy.items():
-            du, tu = a.get("draft_utilisation"), a.get("target_utilisation")
-            if du is None or tu is None:
-                lines.append(f"| {s} |" + " – |" * 8)
-                continue
-            counts = " | ".join(
-                str(int(a.get(k, 0))) for k in ("pre_verify", "post_verify", "jobs_reused", "tokens_reused")
-            )
-            lines.append(
-                f"| {s} | {a.get('wall_s', 0):.1f} | {100 * du:.0f}% | {100 * tu:.0f}% "
-                f"| {a.get('wait_s', 0):.2f} | {counts} |"
-            )
-    ds = h.get("datastore", {})
-    if ds.get("path"):
-        lines += [
-            "",
-            "## Global datastore",
-            "",
-            f"{ds.get('tokens')} tokens, {ds.get('documents')} documents, built for {ds.get('model')} from: "
-            + ", ".join(map(str, ds.get("sources") or [])),
-            f"; {ds.get('corpus_prompts')} model-output documents; overlap with the benchmark prompts: "
-            + (", ".join(ds["overlap_with_benchmark"]) or "none"),
-        ]
-    if h.get("skipped"):
-        lines += ["", "Skipped: " + "; ".join(h["skipped"])]
-    if result.get("notes"):
-        lines += ["", *[f"- {n}" for n in result["notes"]]]
-    return "\n".join(lines) + "\n"
+    return [
+        *lines,
+        "",
+        "The best single drafter is picked per set by its point estimate, which favours it "
+        "(the largest of several noisy ratios is biased upwards). An A/A replica is the same "
+        "drafter run twice side by side: its ratio shows the spread timing noise and diverging "
+        "learned state alone produce.",
+    ]
+
+
+def _async_lines(asy: Mapping[str, Any]) -> list[str]:
+    if not asy:
+        return []
+    lines = [
+        "",
+        "## Asynchronous mode (hybrid-async): how busy each side was",
+        "",
+        "| set | wall s | draft busy | target side | main waited for draft s | pre-verify | post-verify "
+        "| reused jobs | reused tokens |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s, a in asy.items():
+        du, tu = a.get("draft_utilisation"), a.get("target_utilisation")
+        if du is None or tu is None:
+            lines.append(f"| {s} |" + " – |" * 8)
+            continue
+        counts = " | ".join(
+            str(int(a.get(k, 0))) for k in ("pre_verify", "post_verify", "jobs_reused", "tokens_reused")
+        )
+        lines.append(
+            f"| {s} | {a.get('wall_s', 0):.1f} | {100 * du:.0f}% | {100 * tu:.0f}% "
+            f"| {a.get('wait_s', 0):.2f} | {counts} |"
+        )
+    return lines
+
+
+def _datastore_lines(ds: Mapping[str, Any]) -> list[str]:
+    if not ds.get("path"):
+        return []
+    return [
+        "",
+        "## Global datastore",
+        "",
+        f"{ds.get('tokens')} tokens, {ds.get('documents')} documents, built for {ds.get('model')} from: "
+        + ", ".join(map(str, ds.get("sources") or [])),
+        f"; {ds.get('corpus_prompts')} model-output documents; overlap with the benchmark prompts: "
+        + (", ".join(ds["overlap_with_benchmark"]) or "none"),
+    ]
 
 
 def plot_talon(path: Path, result: Mapping[str, Any]) -> Path:

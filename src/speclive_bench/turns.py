@@ -56,9 +56,10 @@ from speclive.live.voicechat import voice_predgen
 from speclive.options import OptionSet, option
 from speclive.sessions.predictive import PredGenConfig, PredictiveResponder, chat_prompt
 from speclive_bench import report
-from speclive_bench.asr_stream import paired_ratio, ratio_text
+from speclive_bench.asr_stream import ratio_text
 from speclive_bench.exactness import ar_logit_gap, first_divergence
 from speclive_bench.pipecat_peer import run_pipecat
+from speclive_bench.stats import paired_ratio, percentile
 from speclive_bench.turnset import load_turnset, turns
 
 #: live policies: ``silence:S`` (the VAD timeout alone, S seconds), ``audio``, ``text``, ``fused``
@@ -292,8 +293,8 @@ def evaluate(rows: Sequence[dict[str, Any]], policy, text_key: str = "text_p") -
         "long_pauses": long_mid,
         "false_cutoffs_all": cut / mid if mid else None,
         "mid_pauses": mid,
-        "wait_p50": _pct(waits, 50),
-        "wait_p90": _pct(waits, 90),
+        "wait_p50": percentile(waits, 50),
+        "wait_p90": percentile(waits, 90),
         "ends": len(waits),
     }
 
@@ -527,11 +528,6 @@ def reference_answers(models, records: list[dict[str, Any]], max_tokens: int, lo
 
 
 # ---- summaries -------------------------------------------------------------------------------
-def _pct(values: Sequence[float], q: float) -> float | None:
-    v = [x for x in values if x is not None]
-    return float(np.percentile(v, q)) if v else None
-
-
 def summarize(records: Sequence[dict[str, Any]], configs: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     base = {r["turn"]: r for r in records if (r["policy"], r["method"]) == ("silence:0.5", "cascade")}
     pc = {r["turn"]: r for r in records if r["method"] == "pipecat"}
@@ -550,10 +546,10 @@ def summarize(records: Sequence[dict[str, Any]], configs: Sequence[tuple[str, st
             "policy": policy,
             "method": method,
             "turns": len(rs),
-            "latency_p50": _pct(lat, 50),
-            "latency_p90": _pct(lat, 90),
-            "latency_all_p50": _pct(all_lat, 50),
-            "latency_all_p90": _pct(all_lat, 90),
+            "latency_p50": percentile(lat, 50),
+            "latency_p90": percentile(lat, 90),
+            "latency_all_p50": percentile(all_lat, 50),
+            "latency_all_p90": percentile(all_lat, 90),
             "false_cutoffs": cut / long_p if long_p else None,
             "cut_pauses": f"{cut}/{long_p}",
             "talk_over_max": max((r["talk_over_s"] for r in rs), default=0.0),
@@ -684,10 +680,10 @@ def _separation(rows: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
     above the highest mid-pause value's 90th percentile."""
     ends = [r[key] for r in rows if r["label"] == "end"]
     mids = [r[key] for r in rows if r["label"] == "mid" and r["true_pause_s"] >= LONG_PAUSE_S]
-    cut = _pct(mids, 90) if mids else None
+    cut = percentile(mids, 90) if mids else None
     return {
-        "end_p50": _pct(ends, 50),
-        "mid_p50": _pct(mids, 50),
+        "end_p50": percentile(ends, 50),
+        "mid_p50": percentile(mids, 50),
         "mid_p90": cut,
         "ends_above_mid_p90": (sum(e > cut for e in ends) / len(ends)) if ends and cut is not None else None,
     }
@@ -738,6 +734,10 @@ def pipecat_records(conv_list, opts: TurnsBenchOptions, log, info: dict[str, Any
 
 
 # ---- outputs ---------------------------------------------------------------------------------
+def _median_ms(rows: Sequence[dict[str, Any]], key: str) -> str:
+    return _f(percentile([r[key] for r in rows], 50), 0)
+
+
 def _f(v: Any, digits: int = 2) -> str:
     if v is None:
         return "—"
@@ -823,9 +823,9 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             report.md_table(NORM_COLUMNS, norm),
             "",
-            f"Cost per decision (median): Smart Turn {_f(_pct([r['audio_ms'] for r in sig], 50), 0)} ms, "
-            f"whisper final pass {_f(_pct([r['asr_ms'] for r in sig], 50), 0)} ms, LM probe (both "
-            f"variants) {_f(_pct([r['text_ms'] for r in sig], 50), 0)} ms; {len(sig)} pauses.",
+            f"Cost per decision (median): Smart Turn {_median_ms(sig, 'audio_ms')} ms, "
+            f"whisper final pass {_median_ms(sig, 'asr_ms')} ms, LM probe (both "
+            f"variants) {_median_ms(sig, 'text_ms')} ms; {len(sig)} pauses.",
         ]
     if "summary" in result:
         rows = [
