@@ -33,6 +33,7 @@ from websockets.sync.client import connect  # noqa: E402
 from speclive.server.app import create_app  # noqa: E402
 from speclive.server.audio import pcm16, resample  # noqa: E402
 from speclive.server.config import ServerConfig  # noqa: E402
+from speclive.server.realtime_session import RealtimeSession  # noqa: E402
 
 KEY = "rt-key"
 QUESTION = "What is the capital of France?"
@@ -275,10 +276,20 @@ def test_semantic_vad_predicts_the_end_of_the_turn_and_can_be_switched_mid_sessi
         assert s["turn_detection"] == {"type": "server_vad", "silence_duration_ms": 700}
 
 
-def test_disconnect_mid_answer_frees_the_session(rt):
+def test_disconnect_mid_answer_frees_the_session(rt, llama_smol, monkeypatch):
     """The client leaves at the answer's first audio delta (beta event names, asked for by
-    header): the session is released and the next session and the REST API serve as before."""
+    header): the answer's compute stops within one decoder step (target forward passes counted
+    from when the server sees the client leave), the session is released and the next session
+    and the REST API serve as before."""
     url, audio, app = rt
+    seen: dict[str, int] = {}
+    stop = RealtimeSession.stop_compute
+
+    def marking(self) -> None:
+        seen.setdefault("forwards", llama_smol.forward_calls)
+        stop(self)
+
+    monkeypatch.setattr(RealtimeSession, "stop_compute", marking)
     hdr = {"Authorization": f"Bearer {KEY}", "OpenAI-Beta": "realtime=v1"}
     with _raw(url, additional_headers=hdr) as ws:
         _recv_type(ws, "session.created")
@@ -289,6 +300,7 @@ def test_disconnect_mid_answer_frees_the_session(rt):
         assert "response.output_audio.delta" not in types and "response.done" not in types, types
     # the session ends (its pipeline closed on the worker), its slot is given back
     _wait_released(app)
+    assert llama_smol.forward_calls - seen["forwards"] <= 1, (llama_smol.forward_calls, seen)
     client = OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
     out = client.chat.completions.create(
         model="default", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4

@@ -108,6 +108,17 @@ class ServerConfig:
     queue_wait_s: float = option(
         30.0, "--queue-wait", parse=float, help="seconds a request waits for a slot before a 503 (0: none)"
     )
+    #: the longest a new request or realtime turn may be expected to wait for its model worker:
+    #: work whose estimated wait (``capacity.py``: the foreground work queued, priced by the
+    #: measured turn costs) exceeds it is refused at once (503 with Retry-After; realtime: an
+    #: ``error`` event and close 1013). 0: no bound
+    max_wait_s: float = option(
+        10.0,
+        "--max-wait",
+        parse=float,
+        help="refuse a request or realtime turn at once (503 / close 1013) when its estimated wait "
+        "for the model exceeds this many seconds (0: never)",
+    )
     #: largest request body (OpenAI's audio upload limit is 25 MB)
     max_body_bytes: int = 25 * 1024 * 1024
     #: longest audio accepted for transcription
@@ -168,6 +179,8 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.queue_wait_s < 0:
             raise ConfigError(f"queue_wait_s must be >= 0, got {self.queue_wait_s}")
+        if self.max_wait_s < 0:
+            raise ConfigError(f"max_wait_s must be >= 0, got {self.max_wait_s}")
         if self.asr_step_s <= 0:
             raise ConfigError(f"asr_step_s must be > 0, got {self.asr_step_s}")
         if self.max_audio_s <= 0:

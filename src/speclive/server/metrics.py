@@ -5,6 +5,14 @@ apps can live in one process (tests) without clashing metric names. The process 
 ``process_resident_memory_bytes`` and ``process_open_fds`` (on Linux), and
 ``speclive_asyncio_tasks`` counts the event loop's tasks: with the live-session gauge they show a
 leak (the reliability benchmarks read them before and after).
+
+Admission (``capacity.py``): ``speclive_admission_max_wait_seconds`` is the bound,
+``speclive_worker_wait_seconds`` each worker's estimated wait before a new foreground turn
+starts, ``speclive_admission_wait_seconds`` the wait admission would estimate now for a new
+request or realtime turn of each kind, ``speclive_realtime_turns_to_first_output`` the measured
+worker turns from the end of a realtime turn to its first output, and
+``speclive_admission_refusals_total`` the refusals by kind and reason (``capacity``: the
+estimated wait was over the bound; ``sessions``: every session slot was taken).
 """
 
 from __future__ import annotations
@@ -86,7 +94,40 @@ class Metrics:
             registry=r,
         )
         self.tasks = Gauge("speclive_asyncio_tasks", "Tasks of the server's event loop", registry=r)
+        self._admission(r)
         ProcessCollector(registry=r)
+
+    def _admission(self, r: CollectorRegistry) -> None:
+        """The metrics of admission by measured capacity (module docstring)."""
+        self.max_wait = Gauge(
+            "speclive_admission_max_wait_seconds",
+            "Longest estimated wait a new request or realtime turn is admitted with (0: no bound)",
+            registry=r,
+        )
+        self.worker_wait = Gauge(
+            "speclive_worker_wait_seconds",
+            "Estimated seconds before a new foreground turn starts on each model worker",
+            ["worker"],
+            registry=r,
+        )
+        self.admission_wait = Gauge(
+            "speclive_admission_wait_seconds",
+            "Estimated wait of a new request's (realtime: turn's) first output, by kind",
+            ["kind"],
+            registry=r,
+        )
+        self.turns_to_output = Gauge(
+            "speclive_realtime_turns_to_first_output",
+            "Worker turns from the end of a realtime turn to its first output (moving average), by mode",
+            ["mode"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "speclive_admission_refusals",
+            "Requests and realtime turns refused at once, by kind and reason (capacity, sessions)",
+            ["kind", "reason"],
+            registry=r,
+        )
 
     def watch_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Count ``loop``'s tasks at each scrape."""
@@ -97,8 +138,10 @@ class Metrics:
         conversations that gave their cells to busier ones, and were prefilled again)."""
         self.registry.register(_KVCollector(backend))
 
-    def watch_queue(self, worker: str, pending: Callable[[], int]) -> None:
+    def watch_queue(self, worker: str, pending: Callable[[], int], wait_s: Callable[[], float]) -> None:
+        """Read ``worker``'s queue length and estimated wait at each scrape."""
         self.queue.labels(worker=worker).set_function(pending)
+        self.worker_wait.labels(worker=worker).set_function(wait_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,12 +1,15 @@
 """The OpenAI-compatible REST endpoints: models, chat completions, transcriptions, speech.
 
 Every handler validates and resolves the model name first (cheap errors before any work),
-then takes a session slot (503 when full), then hands the compute to the model's worker and
-awaits it. A stream is *primed*: its first step runs before the response starts, so an error
-there (a prompt longer than the context window) is still a proper 400 and not a broken stream;
-an error later in a stream is sent as an ``{"error": ...}`` event, as OpenAI does. When a client
-disconnects mid-stream the response task is cancelled, and its ``finally`` cancels the worker
-stream (the decoder state is released on the worker's next turn) and frees the session.
+then is admitted by measured capacity (503 ``server_overloaded`` with ``Retry-After`` at once
+when its worker's estimated wait exceeds ``max_wait_s``, ``capacity.py``), then takes a session
+slot (503 when full), then hands the compute to the model's worker and awaits it. A stream is
+*primed*: its first step runs before the response starts, so an error there (a prompt longer
+than the context window) is still a proper 400 and not a broken stream; an error later in a
+stream is sent as an ``{"error": ...}`` event, as OpenAI does. When a client disconnects
+mid-stream the response task is cancelled, and its ``finally`` cancels the worker stream (the
+decoder state is released on the worker's next turn: no decoder step starts after the cancel)
+and frees the session.
 """
 
 from __future__ import annotations
@@ -124,7 +127,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         seed=body.seed if body.seed is not None else 0,
     )
     engine = await svc.engine("chat")
-    session = await svc.sessions.acquire_waiting("chat", engine.max_parallel, svc.config.queue_wait_s)
+    svc.admit("chat")
+    session = await svc.slot("chat", engine.max_parallel)
     stream, first = await _start(svc.worker("chat"), lambda: engine.generate(messages, params), session)
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -257,7 +261,8 @@ async def transcriptions(
             code="audio_too_long",
         )
     engine = await svc.engine("transcription")
-    session = await svc.sessions.acquire_waiting("transcription", None, svc.config.queue_wait_s)
+    svc.admit("transcription")
+    session = await svc.slot("transcription")
     if stream:
         step_s = svc.config.asr_step_s
         partials, first = await _start(
@@ -391,7 +396,8 @@ async def speech(body: SpeechRequest, request: Request) -> Response:
     if not text:
         raise APIError(400, "input has nothing to speak (only blanks or control characters)", param="input")
     engine = await svc.engine("speech")
-    with await svc.sessions.acquire_waiting("speech", None, svc.config.queue_wait_s):
+    svc.admit("speech")
+    with await svc.slot("speech"):
         audio = await svc.worker("speech").call(engine.synthesize, text, body.speed)
     svc.metrics.audio_out.inc(audio.duration_s)
     if fmt == "pcm":

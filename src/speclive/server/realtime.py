@@ -35,6 +35,13 @@ context is not thread-safe). Bad input (malformed JSON, a binary frame, an unkno
 that is not base64 PCM16) gets an ``error`` event and the session goes on; too many sessions
 close with 1013, a missing or wrong API key with 1008 (``middleware.AuthMiddleware``).
 
+Overload (``capacity.py``): a new session, and each turn of a session when it ends, is admitted
+by the chat worker's measured wait; past ``max_wait_s`` a new session is closed with 1013 at
+once (as when every slot is taken), a turn gets an ``error`` event (``server_overloaded``) and
+close 1013. A pipeline unit that raises gets an ``error``
+and the session goes on with a fresh pipeline. A client that leaves mid-answer stops the
+answer's compute after the decoder step in progress (``SessionClock``).
+
 Limits (``ServerConfig``): events over the session's rate are dropped with an ``error``
 (``rate_limit_exceeded``, at most one a second); a turn longer than ``max_turn_s`` is ended
 there and answered (``turn_too_long``); audio that piles up
@@ -64,7 +71,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from speclive.live.build import LiveModels, LiveModelsConfig
 from speclive.server.errors import APIError
-from speclive.server.realtime_protocol import CLOSE_IDLE, CLOSE_SLOW
+from speclive.server.realtime_protocol import CLOSE_IDLE, CLOSE_OVERLOADED, CLOSE_SLOW
 from speclive.server.realtime_session import RealtimeSession
 
 log = logging.getLogger("speclive.server")
@@ -138,10 +145,12 @@ async def realtime(ws: WebSocket) -> None:
     beta = "openai-beta.realtime-v1" in offered or "realtime=v1" in (ws.headers.get("openai-beta") or "")
     await ws.accept(subprotocol=sub)
     try:
+        svc.admission.admit_realtime("chat", "chat")
         slot = svc.sessions.acquire("realtime")
     except APIError as e:
-        svc.metrics.realtime_closes.labels(code="1013").inc()
-        await ws.close(code=1013, reason=e.message[:120])
+        if e.code != "server_overloaded":
+            svc.metrics.refusals.labels(kind="realtime", reason="sessions").inc()
+        await _refuse(svc, ws, e)
         return
     session: RealtimeSession | None = None
     tasks: list[asyncio.Task] = []
@@ -162,26 +171,38 @@ async def realtime(ws: WebSocket) -> None:
     except WebSocketDisconnect:
         pass
     finally:
-        await _end_session(svc, session, tasks)
-        slot.release()
+        abort = await _end_session(svc, session, tasks)
         code, reason = (session.close_with if session is not None else None) or (1000, "")
         svc.metrics.realtime_closes.labels(code=str(code)).inc()
         # (a client that stopped reading cannot take the close frame either: do not wait on it)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(ws.close(code=code, reason=reason), timeout=1 if code == CLOSE_SLOW else 5)
+        if abort is not None:  # the slot (a KV state) is free once the pipeline let go of it
+            with contextlib.suppress(Exception):
+                await abort
+        slot.release()
 
 
-async def _end_session(svc: Any, session: RealtimeSession | None, tasks: list[asyncio.Task]) -> None:
+async def _refuse(svc: Any, ws: WebSocket, e: APIError) -> None:
+    """A session refused before it starts (every slot taken, or over capacity): close 1013
+    ("try again later") at once, the reason saying why; clients retry later on 1013."""
+    svc.metrics.realtime_closes.labels(code=str(CLOSE_OVERLOADED)).inc()
+    await ws.close(code=CLOSE_OVERLOADED, reason=e.message[:120])
+
+
+async def _end_session(
+    svc: Any, session: RealtimeSession | None, tasks: list[asyncio.Task]
+) -> asyncio.Future | None:
     """Stop the session's loops (``tasks``: the compute loop, then the receive loop), tell the
-    client of a failure, and drop the pipeline's work in progress."""
+    client of a failure, and drop the pipeline's work in progress: the pipeline's abort,
+    submitted to the worker (its future; the connection can close meanwhile)."""
     failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
     if session is not None and failed and not isinstance(failed[0].exception(), WebSocketDisconnect):
         # the pipeline failed (a bug): the client is told before the connection closes
         await session.error("server_error", "the session failed on the server and ends")
         session.close_with = (1011, "internal error")
     if session is not None:
-        session.closed = True
-        session.wake.set()
+        session.stop_compute()
     for task in tasks:
         if not task.done():
             if task is tasks[-1]:  # the receive loop: nothing more to take in
@@ -191,7 +212,10 @@ async def _end_session(svc: Any, session: RealtimeSession | None, tasks: list[as
         if task.done() and not task.cancelled() and task.exception() is not None:
             if not isinstance(task.exception(), WebSocketDisconnect):
                 log.error("realtime session failed", exc_info=task.exception())
-    if session is not None and session.pipeline is not None:
-        # the client is gone: the work in progress is dropped, not finished
-        with contextlib.suppress(Exception):
-            await svc.worker("chat").call(session.pipeline.abort)
+    if session is None or session.pipeline is None:
+        return None
+    # the client is gone: the work in progress is dropped, not finished
+    try:
+        return asyncio.wrap_future(svc.worker("chat").submit(session.pipeline.abort))
+    except RuntimeError:  # the worker is closed (shutdown): nothing runs on it any more
+        return None

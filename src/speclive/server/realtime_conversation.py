@@ -221,6 +221,12 @@ class Conversation:
             self.dropping = True
             await self.end_response("cancelled")
 
+    async def fail_response(self) -> None:
+        """The server failed while computing the answer: the response in progress ends as
+        ``failed``; the next answer starts a response of its own."""
+        self.dropping = False
+        await self.end_response("failed")
+
     async def begin_response(self) -> _Response:
         if self.response is None:
             self.response = _Response(new_id("resp"), new_id("item"))

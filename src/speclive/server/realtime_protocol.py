@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import uuid
 
-#: close codes: a client that stopped reading, an idle session
-CLOSE_SLOW, CLOSE_IDLE = 1008, 1000
+#: close codes: a client that stopped reading, an idle session, a server that cannot take the
+#: session or its turn now ("try again later")
+CLOSE_SLOW, CLOSE_IDLE, CLOSE_OVERLOADED = 1008, 1000, 1013
 #: the beta protocol's names of the events the GA protocol renamed (a client asks for the beta
 #: with the ``OpenAI-Beta: realtime=v1`` header or the ``openai-beta.realtime-v1`` subprotocol)
 BETA_NAMES = {

@@ -4,6 +4,20 @@
 handler (``session.update``, ``input_audio_buffer.append`` / ``.commit`` / ``.clear``,
 ``response.create`` / ``.cancel``, ``conversation.item.create``). What the pipeline emits goes
 out through the session's ``Conversation`` (``realtime_conversation.py``).
+
+The compute loop also keeps the server's promises about turns:
+
+- **Admission.** When the pipeline ends a turn, the answer becomes foreground work the user
+  waits for. Before the pipeline computes it, the turn is admitted by measured capacity
+  (``capacity.Admission``): one that would wait past ``max_wait_s`` for its first output is
+  refused with an ``error`` event (``server_overloaded``) and close 1013. An admitted turn is
+  never refused again (a turn the user takes up again stays admitted); it is answered, or
+  cancelled by its client. The loop counts the worker turns each admitted turn waits for its
+  first output (the answer's audio), which admission multiplies the worker's wait by.
+- **Faults.** A pipeline unit that raises (a model failing mid-answer) does not end the
+  session: the client gets an ``error`` event (``server_error``), the response in progress ends
+  as ``failed``, and a fresh pipeline with the same settings and the conversation so far takes
+  the next turn. Only ``MAX_FAILURES`` failures in a row end the session (close 1011).
 """
 
 from __future__ import annotations
@@ -25,10 +39,11 @@ from speclive.live.build import LiveModels
 from speclive.live.pipeline import LivePipeline
 from speclive.live.vad import TurnConfig
 from speclive.server.audio import resample
+from speclive.server.capacity import Overloaded
 from speclive.server.ratelimit import TokenBucket
 from speclive.server.realtime_conversation import Conversation
-from speclive.server.realtime_protocol import BETA_NAMES, CLOSE_SLOW, ProtocolError, new_id
-from speclive.server.realtime_settings import SessionSettings, apply_update, pipeline_for
+from speclive.server.realtime_protocol import BETA_NAMES, CLOSE_OVERLOADED, CLOSE_SLOW, ProtocolError, new_id
+from speclive.server.realtime_settings import SessionClock, SessionSettings, apply_update, pipeline_for
 
 log = logging.getLogger("speclive.server")
 
@@ -38,6 +53,13 @@ STEP_S = 0.1
 MAX_APPEND_BYTES = 15 * 1024 * 1024
 #: received audio not yet taken by the pipeline, past which appends are refused
 MAX_BACKLOG_S = 30.0
+#: pipeline units failing one after the other past which the session ends (close 1011)
+MAX_FAILURES = 3
+
+
+def ends_turn(events: list[ev.Event] | None) -> bool:
+    """Whether ``events`` hold the end of a turn (its answer is due)."""
+    return any(isinstance(e, ev.SpeechStopped) and e.end_of_turn for e in events or ())
 
 
 def decode_audio(b64: Any, rate: int) -> np.ndarray:
@@ -83,6 +105,15 @@ class RealtimeSession:
         self.lock = asyncio.Lock()  # one send at a time
         #: a session.update that needs a new pipeline, waiting for the turn in progress to end
         self.pending: SessionSettings | None = None
+        #: the pipeline ended a turn that is not admitted yet
+        self.admitting = False
+        #: the last turn admitted (the pipeline's turn object)
+        self.admitted_turn: Any = None
+        #: worker turns the admitted turn has waited so far for its first output (None: not
+        #: counting)
+        self.output_turns: int | None = None
+        #: why the turn that just ended was refused
+        self.refused: Overloaded | None = None
 
     def busy(self) -> bool:
         """A turn is open, or its answer is still being worked out or sent."""
@@ -112,13 +143,18 @@ class RealtimeSession:
                 self.wake.set()
 
     async def error(
-        self, code: str, message: str, param: str | None = None, event_id: str | None = None
+        self,
+        code: str,
+        message: str,
+        param: str | None = None,
+        event_id: str | None = None,
+        type_: str = "invalid_request_error",
     ) -> None:
         self.svc.metrics.realtime_errors.labels(code=code).inc()
         await self.send(
             "error",
             error={
-                "type": "invalid_request_error",
+                "type": type_,
                 "code": code,
                 "message": message,
                 "param": param,
@@ -131,33 +167,58 @@ class RealtimeSession:
         await self.send(type_, session=self.settings.describe(self.id, self.model_name))
 
     # ---- the pipeline -----------------------------------------------------------------
-    async def start_pipeline(self) -> None:
+    async def start_pipeline(self, keep_history: bool = False) -> None:
+        """A new pipeline for the settings (the old one is dropped); ``keep_history``: it goes on
+        with the old one's conversation history (where the pipeline keeps one)."""
         old, self.pipeline = self.pipeline, None
-        if old is not None:  # a session.update that needs another pipeline: free the old one
-            await self.svc.worker("chat").call(old.abort)
-        self.pipeline = await self.svc.worker("chat").call(
+        worker = self.svc.worker("chat")
+        if old is not None:  # a session.update that needs another pipeline, or a failed one: free it
+            try:
+                await worker.call(old.abort)
+            except Exception:
+                log.exception("realtime session %s: dropping its pipeline failed", self.id)
+        self.pipeline = await worker.call(
             pipeline_for,
             self.settings,
             self.models,
             TurnConfig(max_turn_s=self.svc.config.max_turn_s, end_s=self.settings.end_s),
         )
+        history = getattr(old, "history", None)
+        if keep_history and history and hasattr(self.pipeline, "history"):
+            self.pipeline.history = list(history)
+
+    def stop_compute(self) -> None:
+        """The session ends: the pipeline unit in progress returns after its current piece of
+        work (its clock passes every deadline), and no other unit starts."""
+        self.closed = True
+        self.wake.set()
+        clock = getattr(self.pipeline, "clock", None)
+        if isinstance(clock, SessionClock):
+            clock.expire()
 
     async def compute_loop(self) -> None:
         """Push the audio that arrived, let the pipeline compute in short slices, send what it
-        emits; sleep while there is nothing to do."""
+        emits; sleep while there is nothing to do. A turn that ends is admitted first; a unit
+        that fails is reported and the session goes on (module docstring)."""
         worker = self.svc.worker("chat")
+        failures = 0
         while not self.closed:
-            pipe = self.pipeline
-            chunks, self.audio = self.audio, []
-            events: list[ev.Event] = []
-            if chunks and pipe is not None:
-                events += await worker.call(pipe.push, np.concatenate(chunks))
-            out = None
-            if pipe is not None:
-                out = await self._step(worker, pipe)
-                events += out or []
+            try:
+                events, out = await self._compute(worker)
+            except Exception:
+                failures += 1
+                log.exception("realtime session %s: the pipeline failed", self.id)
+                if failures >= MAX_FAILURES:
+                    raise
+                await self._recover()
+                continue
+            failures = 0
             for e in events:
+                self._observe_output(e)
                 await self.conversation.on_event(e)
+            if self.refused is not None:
+                await self._refuse(self.refused)
+                return
             if self.pending is not None and not self.busy():
                 self.settings, self.pending = self.pending, None
                 await self.start_pipeline()
@@ -168,15 +229,89 @@ class RealtimeSession:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), timeout=0.5)
 
+    async def _compute(self, worker: Any) -> tuple[list[ev.Event], list[ev.Event] | None]:
+        """The audio that arrived into the pipeline, a turn it ended admitted, then one unit of
+        compute: all the events, and the unit's (None: nothing was computed)."""
+        pipe = self.pipeline
+        chunks, self.audio = self.audio, []
+        events: list[ev.Event] = []
+        if pipe is None:
+            return events, None
+        if chunks:
+            self._count_turn()
+            events += await worker.call(pipe.push, np.concatenate(chunks))
+        self.admitting = self.admitting or ends_turn(events)
+        if self.admitting and not self._admit(pipe):
+            return events, None
+        out = await self._step(worker, pipe)
+        self.admitting = self.admitting or ends_turn(out)
+        return events + (out or []), out
+
+    # ---- admission and faults -----------------------------------------------------------
+    def _admit(self, pipe: LivePipeline) -> bool:
+        """Admit the turn the pipeline just ended, or note why it is refused (``refused``)."""
+        self.admitting = False
+        turn = getattr(pipe, "turn", None)
+        if turn is not None and turn is self.admitted_turn:
+            return True  # taken up again and ended again: it was admitted already
+        try:
+            self.svc.admission.admit_realtime("chat", self.settings.mode)
+        except Overloaded as refusal:
+            self.refused = refusal
+            return False
+        self.admitted_turn = turn
+        self.output_turns = 0
+        return True
+
+    async def _refuse(self, refusal: Overloaded) -> None:
+        """The turn that just ended cannot be answered in time: ``error`` and close 1013."""
+        await self.error("server_overloaded", refusal.message, type_="server_error")
+        self.close_with = (CLOSE_OVERLOADED, f"server overloaded; retry in {refusal.retry_after} s")
+        self.closed = True
+
+    def _count_turn(self) -> None:
+        """The loop is about to wait for one worker turn."""
+        if self.output_turns is not None:
+            self.output_turns += 1
+
+    def _observe_output(self, e: ev.Event) -> None:
+        """The worker turns an admitted turn waited for its first output, told to admission."""
+        if self.output_turns is None:
+            return
+        mode = self.settings.mode
+        if mode == "chat":
+            first: tuple[type[ev.Event], ...] = (ev.AudioChunk,)
+            if not self.settings.speak or self.models.tts is None:
+                first = (ev.AnswerDelta,)
+        else:
+            first = (ev.TranslationUpdate,) if mode == "translate" else (ev.TranscriptFinal,)
+        if isinstance(e, first):
+            self.svc.admission.observe_turns(mode, self.output_turns)
+            self.output_turns = None
+        elif isinstance(e, ev.TurnMetrics | ev.Interrupted):
+            self.output_turns = None  # the turn ended without that output
+
+    async def _recover(self) -> None:
+        """A pipeline unit raised: the client is told, the answer in progress ends as failed,
+        and a fresh pipeline with the conversation so far takes the next turn."""
+        what = "the server failed while computing this turn; the session goes on"
+        await self.error("server_error", what, type_="server_error")
+        await self.conversation.fail_response()
+        self.admitting, self.admitted_turn, self.output_turns = False, None, None
+        await self.start_pipeline(keep_history=True)
+
     async def _step(self, worker: Any, pipe: LivePipeline) -> list[ev.Event] | None:
         """One unit of the pipeline's compute. Speculation (``pipe.background``) waits for the
         turns other users wait on; while it is still queued, audio that arrives goes first (the
         VAD must hear the end of the turn on time) and the unit is asked for again after it."""
 
         def unit(p: Any = pipe) -> list[ev.Event] | None:
+            if self.closed:  # the session ended while this unit waited for its turn
+                return None
             return p.step(p.clock() + STEP_S)
 
         if not pipe.background:
+            self._count_turn()
             return await worker.call(unit)
         fut = worker.submit_background(unit)
         while not fut.running() and not fut.done():

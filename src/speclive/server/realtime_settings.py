@@ -1,6 +1,6 @@
 """A realtime session's settings: what ``session.update`` may change, how its payload is read
 (the GA shape, the beta shape and speclive's own ``speclive`` object) and the live pipeline the
-settings ask for."""
+settings ask for, on a ``SessionClock``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,34 @@ from speclive.server.realtime_protocol import ProtocolError
 from speclive.sessions.retranslate import RetranslateConfig
 
 RATES = (16_000, 24_000)
+
+
+class SessionClock(WallClock):
+    """A realtime session's pipeline clock: wall time until the session ends. ``expire()``
+    (the client is gone) moves it past every deadline: a pipeline unit in progress checks its
+    deadline after each piece of work (the answer: after each decoder step), so it returns
+    after the piece in progress instead of computing on until its deadline for nobody."""
+
+    #: how far ``expire()`` moves the clock: past any deadline a unit can have been given
+    JUMP_S = 1e6
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._jump = 0.0
+
+    def __call__(self) -> float:
+        return super().__call__() + self._jump
+
+    def to_perf(self, t: float) -> float:
+        return super().to_perf(t - self._jump)
+
+    def expire(self) -> None:
+        """Move past every deadline (thread-safe: one float written once)."""
+        self._jump = self.JUMP_S
+
+    @property
+    def expired(self) -> bool:
+        return self._jump > 0
 
 
 @dataclass
@@ -204,7 +232,7 @@ def pipeline_for(s: SessionSettings, models: LiveModels, turn: TurnConfig) -> Li
                 "chat",
                 models,
                 mode=s.method,
-                clock=WallClock(),
+                clock=SessionClock(),
                 turn=turn,
                 predgen=voice_predgen(verifier=s.verifier),  # the voice prompt, VOICE_MAX_TOKENS
                 speak=s.speak,
@@ -215,13 +243,13 @@ def pipeline_for(s: SessionSettings, models: LiveModels, turn: TurnConfig) -> Li
                 "translate",
                 models,
                 mode=s.method,
-                clock=WallClock(),
+                clock=SessionClock(),
                 turn=turn,
                 retranslate=RetranslateConfig(target_lang=s.target_lang),
                 speak=False,
                 **semantic,
             )
-        return make_pipeline("transcribe", models, clock=WallClock(), turn=turn, **semantic)
+        return make_pipeline("transcribe", models, clock=SessionClock(), turn=turn, **semantic)
     except (ConfigError, TypeError, ValueError) as e:
         raise ProtocolError(
             "invalid_value", f"cannot start a {s.mode} session: {e}", "session.speclive"

@@ -1,5 +1,6 @@
 """What one app serves: the three engines (chat, transcription, speech), their workers, the
-session limiter, the model names and the metrics.
+session limiter, admission by measured capacity (``capacity.py``), the model names and the
+metrics.
 
 An engine is loaded on first use (or at startup with ``ServerConfig.preload``) on its worker
 thread, so a load never blocks the event loop; tests hand in engines already loaded. A failed
@@ -26,14 +27,16 @@ from typing import Any
 
 from speclive.asr.transcribe import TranscribeConfig, Transcriber
 from speclive.errors import ConfigError
+from speclive.live.build import KINDS as LIVE_MODES
 from speclive.models.install import is_installed, verify
 from speclive.models.registry import REGISTRY
+from speclive.server.capacity import Admission
 from speclive.server.chat import ChatEngine
 from speclive.server.config import ServerConfig
 from speclive.server.errors import APIError
 from speclive.server.metrics import Metrics
 from speclive.server.names import ModelNames
-from speclive.server.sessions import SessionLimiter
+from speclive.server.sessions import Session, SessionLimiter
 from speclive.server.speech import SpeechToText, TextToSpeech
 from speclive.server.worker import ModelWorker
 
@@ -56,6 +59,8 @@ class Services:
         self.sessions = SessionLimiter(config.max_sessions, self.metrics.sessions)
         self._engines: dict[str, Any] = {"chat": chat, "transcription": transcription, "speech": speech}
         self._workers: dict[str, ModelWorker] = {}
+        self.admission = Admission(config.max_wait_s, self._wait_of, self._refused_for_capacity)
+        self._watch_admission()
         self._locks: dict[str, asyncio.Lock] = {}
         #: the Whisper of realtime sessions (their own: the transcription endpoint's runs on
         #: another worker); loaded with the first realtime session
@@ -85,8 +90,46 @@ class Services:
         w = self._workers.get(name)
         if w is None:
             w = self._workers[name] = ModelWorker(name)
-            self.metrics.watch_queue(name, lambda w=w: w.pending)
+            self.metrics.watch_queue(name, lambda w=w: w.pending, w.wait_s)
         return w
+
+    # ---- admission ----------------------------------------------------------------------
+    def _wait_of(self, name: str) -> float:
+        """Worker ``name``'s estimated wait (0 before it started: nothing is queued on it)."""
+        w = self._workers.get(name)
+        return w.wait_s() if w is not None else 0.0
+
+    def _refused_for_capacity(self, kind: str) -> None:
+        self.metrics.refusals.labels(kind=kind, reason="capacity").inc()
+
+    def _watch_admission(self) -> None:
+        """The bound, the estimated waits and the realtime turn counts, read at each scrape."""
+        m = self.metrics
+        m.max_wait.set(self.config.max_wait_s)
+        for kind in KINDS:
+            m.admission_wait.labels(kind=kind).set_function(
+                lambda k=kind: self.admission.wait_s(self.worker_name(k))
+            )
+        m.admission_wait.labels(kind="realtime").set_function(
+            lambda: self.admission.realtime_wait_s("chat", "chat")
+        )
+        for mode in LIVE_MODES:
+            m.turns_to_output.labels(mode=mode).set_function(
+                lambda mode=mode: self.admission.turns_to_first_output(mode)
+            )
+
+    def admit(self, kind: str) -> None:
+        """Refuse a ``kind`` request at once (503 ``server_overloaded`` with ``Retry-After``)
+        when it would wait past the bound for its worker."""
+        self.admission.admit(kind, self.worker_name(kind))
+
+    async def slot(self, kind: str, kind_limit: int | None = None) -> Session:
+        """A session slot for a ``kind`` REST request, waiting in line up to ``queue_wait_s``."""
+        try:
+            return await self.sessions.acquire_waiting(kind, kind_limit, self.config.queue_wait_s)
+        except APIError:
+            self.metrics.refusals.labels(kind=kind, reason="sessions").inc()
+            raise
 
     # ---- engines ------------------------------------------------------------------------
     def loaded(self, kind: str) -> bool:

@@ -24,6 +24,10 @@ queued stream its turn in the same round, collects the requests with the same ``
 into it); what the generators yield next is delivered as their items. Streams still advance
 one item per turn, round-robin.
 
+**Costs.** The thread times every turn it runs (``TurnCosts``, ``capacity.py``): a call per
+kind of call (the function it runs), a stream in its own moving average. ``wait_s()`` prices
+the foreground work queued now: when a unit submitted now would start (admission uses it).
+
 The iterator is created (``factory()``) and closed on the worker thread, so whatever it sets up
 and tears down in a ``try/finally`` (a ``SpeculativeDecoder`` and its KV state) lives entirely
 on that thread. Items reach the asyncio side through ``loop.call_soon_threadsafe``; awaiting
@@ -38,10 +42,13 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from speclive.server.capacity import TurnCosts, ema, wait_estimate
 
 T = TypeVar("T")
 log = logging.getLogger("speclive.server")
@@ -79,6 +86,8 @@ class StreamCancelled(Exception):
 class _Call:
     def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict, future: concurrent.futures.Future):
         self.fn, self.args, self.kwargs, self.future = fn, args, kwargs, future
+        #: the kind of call its cost is averaged under: the function it runs
+        self.key = getattr(fn, "__qualname__", type(fn).__name__)
 
 
 class Stream(Generic[T]):
@@ -104,6 +113,8 @@ class Stream(Generic[T]):
         #: a ``Batched`` request the stream yielded right after a batched result: taken up in
         #: its next turn
         self._parked: Batched | None = None
+        #: moving average of this stream's turns in seconds (None before its first)
+        self.turn_s: float | None = None
 
     # ---- asyncio side -----------------------------------------------------------------
     async def next(self) -> T:
@@ -199,13 +210,20 @@ class Stream(Generic[T]):
 class ModelWorker:
     """A thread owning one model; see the module docstring for the scheduling."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, clock: Callable[[], float] = time.perf_counter):
         self.name = name
         self._queue: deque[_Call | Stream[Any]] = deque()
         self._background: deque[_Call] = deque()
         self._cv = threading.Condition()
         self._closed = False
         self._current: _Call | Stream[Any] | None = None
+        #: when the turn in progress began (``clock`` time)
+        self._current_t0 = 0.0
+        #: the other streams a batched round in progress serves (their turns are part of it)
+        self._round: list[Stream[Any]] = []
+        #: what the turns take (timed with ``clock``)
+        self.costs = TurnCosts()
+        self._clock = clock
         self._thread = threading.Thread(target=self._loop, name=f"speclive-{name}", daemon=True)
         self._thread.start()
 
@@ -244,6 +262,25 @@ class ModelWorker:
         with self._cv:
             return len(self._queue) + sum(not c.future.cancelled() for c in self._background)
 
+    def wait_s(self) -> float:
+        """Seconds until a foreground unit submitted now would start: the rest of the turn in
+        progress plus one turn of each queued foreground unit (``capacity.wait_estimate``)."""
+        with self._cv:
+            elapsed = self._clock() - self._current_t0
+            current = None
+            if self._current is not None:
+                current = (sum(self._cost(t) for t in [self._current, *self._round]), elapsed)
+            queued = [
+                self._cost(t) for t in self._queue if not (isinstance(t, _Call) and t.future.cancelled())
+            ]
+        return wait_estimate(current, queued)
+
+    def _cost(self, task: _Call | Stream[Any]) -> float:
+        """The expected seconds of ``task``'s next turn."""
+        if isinstance(task, Stream):
+            return self.costs.stream_s(task.turn_s)
+        return self.costs.call_s(task.key)
+
     def _put(self, task: _Call | Stream[Any], background: bool = False) -> None:
         with self._cv:
             if self._closed:
@@ -273,29 +310,39 @@ class ModelWorker:
                     return
                 task = self._queue.popleft() if self._queue else self._background.popleft()
                 self._current = task
+                self._current_t0 = t0 = self._clock()
             again: bool | Batched = False
             if isinstance(task, Stream):
                 if self._closed:
                     task.cancel()
                 again = task._turn()
                 if isinstance(again, Batched):
-                    self._batched_round(task, again)
+                    self._batched_round(task, again, t0)
                     again = False
-            else:
-                self._run_call(task)
+                elif not task.was_cancelled:
+                    self._timed(task, self._clock() - t0)
+            elif self._run_call(task):
+                self.costs.observe_call(task.key, self._clock() - t0)
             with self._cv:
                 self._current = None
                 if again:
                     self._queue.append(task)
 
-    def _batched_round(self, first: Stream[Any], request: Batched) -> None:
+    def _timed(self, stream: Stream[Any], seconds: float) -> None:
+        """One turn of ``stream`` took ``seconds``: its average and that of all streams."""
+        stream.turn_s = ema(stream.turn_s, seconds)
+        self.costs.observe_stream(seconds)
+
+    def _batched_round(self, first: Stream[Any], request: Batched, t0: float) -> None:
         """``first`` waits on ``request``: every queued stream takes its turn now, the requests
         that share a ``run`` run as one call, each stream gets its result; all go back to the
-        tail of the queue in their order."""
+        tail of the queue in their order. The round's time (from ``t0``) is shared out among
+        its streams' turns."""
         with self._cv:
             others = [t for t in self._queue if isinstance(t, Stream)]
             for t in others:
                 self._queue.remove(t)
+            self._round = others
         waiting: list[tuple[Stream[Any], Batched]] = [(first, request)]
         again: list[Stream[Any]] = []
         for s in others:
@@ -325,20 +372,27 @@ class ModelWorker:
                     again.append(s)
                 elif r:
                     again.append(s)
-        order = {id(s): i for i, s in enumerate([first, *others])}
+        served = [first, *others]
+        share = (self._clock() - t0) / len(served)
+        for s in served:
+            self._timed(s, share)
+        order = {id(s): i for i, s in enumerate(served)}
         with self._cv:
+            self._round = []
             self._queue.extend(sorted(again, key=lambda s: order[id(s)]))
 
     @staticmethod
-    def _run_call(call: _Call) -> None:
+    def _run_call(call: _Call) -> bool:
+        """Run ``call`` into its future; False when it was withdrawn before it started."""
         if not call.future.set_running_or_notify_cancel():
-            return
+            return False
         try:
             result = call.fn(*call.args, **call.kwargs)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             call.future.set_exception(exc)
         else:
             call.future.set_result(result)
+        return True
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Cancel open streams, finish queued calls, stop the thread."""
