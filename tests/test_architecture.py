@@ -4,7 +4,7 @@ imports and single declarations (docs/architecture.md).
 - Product modules (``speclive`` minus ``speclive.cli``) never import the command line or the
   benchmarks (``speclive_bench``), not even inside a function.
 - The imports a module runs when it is imported form no circle.
-- No product function is longer than 80 lines.
+- No function of ``speclive`` (the product and its command line) is longer than 80 lines.
 - An import of a speclive module inside a function says in a ``# lazy:`` comment why it is not at
   the top (a heavy or optional dependency); at most 60 such imports.
 - ``--drafter`` is declared once.
@@ -113,10 +113,11 @@ def test_module_level_imports_form_no_circle() -> None:
         visit(m, [])
 
 
-def test_no_product_function_is_longer_than_a_screen() -> None:
+def test_no_function_of_speclive_is_longer_than_a_screen() -> None:
+    """The product and its command line (the benchmarks' own check is in test_bench_harness)."""
     long = []
     for module, (_, tree) in MODULES.items():
-        if not _is_product(module):
+        if not module.startswith("speclive."):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

@@ -14,8 +14,10 @@ import json
 import sys
 from typing import Any
 
+import numpy as np
+
 from speclive.asr.audio import load_audio
-from speclive.common_options import REMOTE, SESSION_LLM, SPEECH, VOICE
+from speclive.common_options import REMOTE, SESSION_LLM, SPEECH, VOICE, RemoteOptions
 from speclive.errors import ConfigError
 from speclive.live.build import LiveModelsConfig, load_live_models, make_pipeline
 from speclive.live.clock import VirtualClock, WallClock, play
@@ -168,19 +170,15 @@ def _turn_json(ev: Any) -> dict[str, Any]:
     return out
 
 
-def cmd_live(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    remote = REMOTE.build(args)  # options that do not fit together fail before anything loads
-    audio = load_audio(args.input)  # bad input fails before any model loads
-    if audio.size == 0:
-        raise ConfigError(f"{args.input} holds no audio samples")
+def _pipeline(args: argparse.Namespace, remote: RemoteOptions) -> Any:
+    """The pipeline the options describe, its models loaded and warmed up (every setting is
+    checked before anything loads)."""
     turn = TurnConfig(pause_s=args.pause, end_s=args.end_silence, max_turn_s=args.max_turn)
     turn.validate()
     semantic = getattr(args, "turn_detection", "server_vad") == "semantic"
     policy = TurnPolicyConfig(kind=args.turn_policy, eagerness=args.eagerness) if semantic else None
     if policy is not None:
-        policy.resolved()  # a bad setting fails before any model loads
+        policy.resolved()
     predgen = retranslate = None
     if args.kind == "chat":
         _parse_verifier(args.verifier)
@@ -207,18 +205,37 @@ def cmd_live(args: argparse.Namespace) -> int:
         )
     )
     models.warm_up()
-    clock = WallClock() if args.realtime else VirtualClock()
-    pipe = make_pipeline(
+    return make_pipeline(
         args.kind,
         models,
         mode=args.baseline,
-        clock=clock,
+        clock=WallClock() if args.realtime else VirtualClock(),
         turn=turn,
         predgen=predgen,
         retranslate=retranslate,
         turn_detection="semantic" if semantic else "server_vad",
         policy=policy,
     )
+
+
+def _write_answers(path: str, events: list[Any]) -> bool:
+    """The spoken answers, 0.3 s apart, as one WAV file; False when there were none."""
+    chunks = [ev for ev in events if ev.type == "audio"]
+    if not chunks:
+        return False
+    sr = chunks[0].sample_rate
+    gap = np.zeros(int(0.3 * sr), np.float32)
+    parts = [x for ev in chunks for x in (ev.samples, gap)]
+    write_wav(path, Audio(np.concatenate(parts), sr, 0.0))
+    return True
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    remote = REMOTE.build(args)  # options that do not fit together fail before anything loads
+    audio = load_audio(args.input)  # bad input fails before any model loads
+    if audio.size == 0:
+        raise ConfigError(f"{args.input} holds no audio samples")
+    pipe = _pipeline(args, remote)
 
     def show(ev: Any) -> None:
         if not args.json:
@@ -228,18 +245,11 @@ def cmd_live(args: argparse.Namespace) -> int:
 
     res = play(pipe, audio, on_event=show)
     turns = [_turn_json(ev) for ev in res.events if ev.type == "turn_metrics"]
-    notices = [ev.to_json() for ev in res.events if ev.type == "notice"]
-    if args.out:
-        chunks = [ev for ev in res.events if ev.type == "audio"]
-        if chunks:
-            sr = chunks[0].sample_rate
-            gap = np.zeros(int(0.3 * sr), np.float32)
-            parts = [x for ev in chunks for x in (ev.samples, gap)]
-            write_wav(args.out, Audio(np.concatenate(parts), sr, 0.0))
-        elif not args.json:
-            print("no answer audio to write", file=sys.stderr)
+    if args.out and not _write_answers(args.out, res.events) and not args.json:
+        print("no answer audio to write", file=sys.stderr)
     if args.json:
         mode = args.baseline or {"chat": "predgen", "translate": "ssbd", "transcribe": "streaming"}[args.kind]
+        semantic = getattr(args, "turn_detection", "server_vad") == "semantic"
         print(
             json.dumps(
                 {
@@ -253,7 +263,7 @@ def cmd_live(args: argparse.Namespace) -> int:
                         {k: p[k] for k in ("turn", "start_t", "end_t", "cut")}
                         for p in getattr(pipe, "playbacks", [])
                     ],
-                    "notices": notices,
+                    "notices": [ev.to_json() for ev in res.events if ev.type == "notice"],
                 },
                 ensure_ascii=False,
             )
