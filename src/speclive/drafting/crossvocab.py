@@ -36,7 +36,8 @@ def retokenize(target: Tokenizer, context_tail: Sequence[int], text: str) -> lis
 
 #: a switched-off cross-vocabulary drafter is not probed when even this acceptance would not pay
 #: for its drafts plus the catch-up of its cache: re-tokenized drafts lose tokens at word
-#: boundaries, and the measured per-token acceptance was 0.74-0.86 on every benchmark set
+#: boundaries, so a cross-vocabulary draft's per-token acceptance stays below this ceiling
+#: (the measured range: docs/coldstart.md, "Cross-vocabulary acceptance")
 CEILING_ALPHA = 0.85
 
 
