@@ -21,12 +21,16 @@ def test_summary_counts_errors_crossed_transcripts_and_growth():
         {"session": 1, "t": 30.0, "latency_s": None, "transcript": "How many legs does a spider have?"},
         {"session": 0, "t": 40.0, "latency_s": None, "failure": "no answer within 300 s"},
         {"session": 0, "t": 50.0, "latency_s": 3.0, "errors": ["rate_limit_exceeded"]},
+        # refused for want of capacity: a clean refusal, not an error, though it has no answer
+        {"session": 1, "t": 60.0, "latency_s": None, "refused": True},
     ]
     voices = [
-        SimpleNamespace(turns=turns[::2], errors=[], refused=0),
-        SimpleNamespace(turns=turns[1::2], errors=["session 1: refused as busy (1013)"], refused=5),
+        SimpleNamespace(turns=turns[::2], errors=[], refused=0, refused_turns=0),
+        SimpleNamespace(
+            turns=turns[1::2], errors=["session 1: ConnectionClosedError"], refused=5, refused_turns=1
+        ),
     ]
-    chats = [SimpleNamespace(done=7, errors=[])]
+    chats = [SimpleNamespace(done=7, errors=[], refused=2)]
     samples = [
         {"t": 0.0, "rss_bytes": 100 * 2**20, "open_fds": 10},
         {"t": 30.0, "rss_bytes": 200 * 2**20, "open_fds": 12},
@@ -38,9 +42,11 @@ def test_summary_counts_errors_crossed_transcripts_and_growth():
     r = summarize_soak(args, "cmd", questions, voices, chats, samples, 200)
     s = r["summary"]
     assert s["crossed_transcripts"] == 1 and s["transcribed_turns"] == 3
-    # the refusal episode, a turn without answer audio, a failed turn, an error event
+    # a lost connection, a turn without answer audio, a failed turn, an error event; the
+    # refusals (connections, a turn, chat requests) are counted apart
     assert s["errors"] == 4 and s["refused_connects"] == 5
-    assert s["turns"] == 5 and s["turns_answered"] == 3 and s["chat_requests"] == 7
+    assert s["refused_turns"] == 1 and s["refused_chats"] == 2
+    assert s["turns"] == 6 and s["turns_answered"] == 3 and s["chat_requests"] == 7
     assert abs(s["rss_growth_pct"] - 5.0) < 1e-9  # from the first sample after the warm-up
     assert s["latency_p50_s"] == 2.0
     assert s["kv_cell_evictions"] == 3.0 and s["kv_restores"] == 4.0  # the server's counts at the end

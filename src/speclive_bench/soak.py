@@ -7,8 +7,10 @@ for the answer each time; ``--chat-clients`` threads send chat completions in a 
 ``--sample-s`` seconds the server's RSS, open descriptors, event-loop tasks and live sessions are
 read.
 
-Figures: turns and chat requests completed, errors (error events, failed requests, closed
-connections, turns that got no answer), RSS and descriptors after the warm-up and at the end
+Figures: turns and chat requests completed, clean refusals (a session or turn refused with close
+1013 or ``server_overloaded``, a chat request refused with 503 and ``Retry-After``: the client
+backs off and tries again; they are not errors), errors (other error events, failed requests,
+closed connections, turns that got no answer), RSS and descriptors after the warm-up and at the end
 (growth), crossed transcripts (a turn whose transcript is closer to another session's question
 than to its own), voice-to-voice latency (end of speech sent -> first answer audio received)
 p50/p99 per time window. Results: ``benchmarks/results/soak-<tag>.{json,md,png}``.
@@ -30,6 +32,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from speclive.common_options import asr_draft_option, asr_model_option, model_option
 from speclive.options import OptionSet, option
@@ -122,6 +126,10 @@ def _spoken(questions: tuple[str, ...], voice: str) -> list[np.ndarray]:
     return out
 
 
+#: the error code of a turn or request refused for want of capacity (a clean refusal)
+OVERLOADED = "server_overloaded"
+
+
 class _Voice(threading.Thread):
     """One realtime session speaking its question in a loop until ``deadline``."""
 
@@ -132,13 +140,18 @@ class _Voice(threading.Thread):
         self.errors: list[str] = []
         #: connection attempts the server refused as busy (1013), retried with back-off
         self.refused = 0
+        #: turns the server refused for want of capacity (``server_overloaded``, then 1013)
+        self.refused_turns = 0
+        self._backoff = 0.0
+
+    def _back_off(self) -> None:
+        """Wait before the next attempt after a clean refusal (doubling, 1 to 30 s)."""
+        self._backoff = min(30.0, max(1.0, 2 * self._backoff))
+        time.sleep(self._backoff)
 
     def run(self) -> None:
-        from websockets.exceptions import ConnectionClosed
-        from websockets.sync.client import connect
 
         ws_url = self.url.replace("http://", "ws://") + "/v1/realtime"
-        backoff = 0.0
         while time.perf_counter() < self.deadline:  # a lost connection is counted, then redialled
             try:
                 with connect(
@@ -152,21 +165,22 @@ class _Voice(threading.Thread):
                     created = json.loads(ws.recv(timeout=120))
                     if created.get("type") != "session.created":
                         raise RuntimeError(f"expected session.created, got {created.get('type')}")
-                    backoff = 0.0
                     while time.perf_counter() < self.deadline:
                         rec = self._turn(ws)
                         self.turns.append(rec)
+                        if rec.get("refused"):
+                            self.refused_turns += 1
+                            break  # the server closes the session with 1013: redial later
+                        self._backoff = 0.0
                         if rec.get("failure"):
                             break  # the connection's reader may still be waiting: start afresh
+                if self.turns and self.turns[-1].get("refused"):
+                    self._back_off()
             except ConnectionClosed as e:
                 if e.rcvd is not None and e.rcvd.code == 1013:
-                    # the server is full: as a client should, retry later, backing off; one
-                    # error for the episode, not one per attempt
+                    # the server is full: as a client should, retry later, backing off
                     self.refused += 1
-                    if backoff == 0.0:
-                        self.errors.append(f"session {self.i}: refused as busy (1013): {e.rcvd.reason}")
-                    backoff = min(30.0, max(1.0, 2 * backoff))
-                    time.sleep(backoff)
+                    self._back_off()
                     continue
                 self.errors.append(f"session {self.i}: {type(e).__name__}: {e}")
                 time.sleep(1.0)
@@ -188,6 +202,8 @@ class _Voice(threading.Thread):
                         rec["latency_s"] = time.perf_counter() - sent["end"]
                     elif kind == "conversation.item.input_audio_transcription.completed":
                         rec["transcript"] = msg["transcript"]
+                    elif kind == "error" and msg["error"].get("code") == OVERLOADED:
+                        rec["refused"] = True  # a clean refusal; the server closes with 1013 next
                     elif kind == "error":
                         rec.setdefault("errors", []).append(msg["error"].get("code"))
                     elif kind == "response.done":
@@ -195,8 +211,9 @@ class _Voice(threading.Thread):
                         return
             except Exception as e:
                 # after the turn gave up (``done``), closing the connection ends this read: the
-                # turn's own failure ("no answer within ...") is the one to keep
-                if not done.is_set():
+                # turn's own failure ("no answer within ...") is the one to keep; a refused turn's
+                # connection closes as the refusal said
+                if not done.is_set() and not rec.get("refused"):
                     rec["failure"] = f"{type(e).__name__}: {e}"
 
         reader = threading.Thread(target=read, daemon=True)
@@ -207,9 +224,15 @@ class _Voice(threading.Thread):
         for k, i in enumerate(range(0, len(self.audio), step)):
             time.sleep(max(0.0, t0 + k * step / 16_000 - time.perf_counter()))
             pcm = (np.clip(self.audio[i : i + step], -1, 1) * 32767).astype("<i2").tobytes()
-            ws.send(
-                json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
-            )
+            try:
+                ws.send(
+                    json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+                )
+            except ConnectionClosed as e:
+                if not rec.get("refused") and (e.rcvd is None or e.rcvd.code != 1013):
+                    raise
+                rec["refused"] = True  # the turn was refused as it ended, before its trailing silence
+                break
             if "end" not in sent and i + step >= speech_end:
                 sent["end"] = time.perf_counter()
         reader.join(300)
@@ -225,6 +248,8 @@ class _Chat(threading.Thread):
         self.i, self.url, self.key, self.deadline, self.t0 = i, url, key, deadline, t0
         self.done = 0
         self.errors: list[str] = []
+        #: requests refused with 503 and Retry-After (retried after that many seconds)
+        self.refused = 0
 
     def run(self) -> None:
         headers = {"Authorization": f"Bearer {self.key}"}
@@ -241,6 +266,9 @@ class _Chat(threading.Thread):
                     r = http.post("/v1/chat/completions", json=body)
                     if r.status_code == 200:
                         self.done += 1
+                    elif r.status_code == 503 and "retry-after" in r.headers:
+                        self.refused += 1  # a clean refusal: come back when the server says
+                        time.sleep(min(30.0, max(1.0, float(r.headers["retry-after"]))))
                     else:
                         self.errors.append(f"chat {r.status_code}: {r.text[:200]}")
                         time.sleep(1.0)
@@ -320,6 +348,8 @@ def _turn_errors(turns: Sequence[dict[str, Any]]) -> list[str]:
     errors: list[str] = []
     for t in turns:
         errors += [f"session {t['session']}: error event {c}" for c in t.get("errors", [])]
+        if t.get("refused"):
+            continue  # a clean refusal: no answer was promised
         if t.get("failure"):
             errors.append(f"session {t['session']}: {t['failure']}")
         elif t.get("latency_s") is None:
@@ -384,6 +414,8 @@ def summarize_soak(
         "chat_requests": sum(c.done for c in chats),
         "errors": len(errors),
         "refused_connects": sum(v.refused for v in voices),
+        "refused_turns": sum(getattr(v, "refused_turns", 0) for v in voices),
+        "refused_chats": sum(getattr(c, "refused", 0) for c in chats),
         "crossed_transcripts": crossed,
         "transcribed_turns": sum(1 for t in turns if t.get("transcript") is not None),
         "rss_mib_after_warmup": start.get("rss_bytes", 0) / 2**20,
@@ -431,6 +463,8 @@ def soak_markdown(result: dict[str, Any]) -> str:
         f"| chat completions | {s['chat_requests']} |",
         f"| errors | {s['errors']} |",
         f"| connection attempts refused as busy (retried) | {s.get('refused_connects', 0)} |",
+        f"| turns refused for want of capacity (error + 1013, retried) | {s.get('refused_turns', 0)} |",
+        f"| chat requests refused with 503 + Retry-After (retried) | {s.get('refused_chats', 0)} |",
         f"| crossed transcripts | {s['crossed_transcripts']} of {s['transcribed_turns']} |",
         f"| RSS after warm-up → end (MiB) | {s['rss_mib_after_warmup']:.0f} → {s['rss_mib_end']:.0f} "
         f"({s['rss_growth_pct']:+.1f} %) |",
