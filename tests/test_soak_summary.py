@@ -48,7 +48,7 @@ def test_summary_counts_errors_crossed_transcripts_and_growth():
     assert s["refused_turns"] == 1 and s["refused_chats"] == 2
     assert s["turns"] == 6 and s["turns_answered"] == 3 and s["chat_requests"] == 7
     assert abs(s["rss_growth_pct"] - 5.0) < 1e-9  # from the first sample after the warm-up
-    assert s["latency_p50_s"] == 2.0
+    assert s["latency_p50_s"] == 2.0 and s["latency_max_s"] == 3.0
     assert s["kv_cell_evictions"] == 3.0 and s["kv_restores"] == 4.0  # the server's counts at the end
 
 

@@ -427,6 +427,8 @@ def summarize_soak(
         "open_fds_end": end.get("open_fds"),
         "latency_p50_s": percentile(all_lat, 50),
         "latency_p99_s": percentile(all_lat, 99),
+        #: the longest wait of an answered (admitted) turn for its first audio
+        "latency_max_s": max(all_lat) if all_lat else None,
         "health_at_end": health,
         "kv_cell_evictions": end.get("kv_cell_evictions"),
         "kv_restores": end.get("kv_restores"),
@@ -471,7 +473,7 @@ def soak_markdown(result: dict[str, Any]) -> str:
         f"| RSS trend after warm-up (least squares) | {s.get('rss_slope_mib_per_min', 0):+.1f} MiB/min |",
         f"| freed heap returned to the OS (malloc_trim) | {s.get('trimmed_mib', 0):.0f} MiB |",
         f"| open fds after warm-up → end | {s['open_fds_after_warmup']} → {s['open_fds_end']} |",
-        f"| voice-to-voice p50 / p99 (s) | {p50} / {p99} |",
+        f"| voice-to-voice p50 / p99 / max (s) | {p50} / {p99} / {report._fmt(s.get('latency_max_s'))} |",
         f"| /health at the end | {s['health_at_end']} |",
         f"| KV evictions for want of cells / restores | {s.get('kv_cell_evictions', '–')} / "
         f"{s.get('kv_restores', '–')} |",
