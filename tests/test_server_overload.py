@@ -33,7 +33,7 @@ from speclive.decoder import GenerationStats  # noqa: E402
 from speclive.live import events as ev  # noqa: E402
 from speclive.server.app import create_app  # noqa: E402
 from speclive.server.audio import pcm16  # noqa: E402
-from speclive.server.capacity import Admission, Overloaded, TurnCosts, wait_estimate  # noqa: E402
+from speclive.server.capacity import MAX_SCALE, Admission, Overloaded, TurnCosts, wait_estimate  # noqa: E402
 from speclive.server.chat import ChatDelta, ChatDone  # noqa: E402
 from speclive.server.config import ServerConfig  # noqa: E402
 from speclive.server.inproc import serve_in_thread  # noqa: E402
@@ -137,6 +137,28 @@ def test_admission_scales_realtime_turns_by_their_measured_worker_turns():
         adm.admit("speech", "speech")
     assert refusal.value.retry_after == 11  # rounded up
     Admission(0.0, lambda _: 1e9).admit("chat", "chat")  # 0: no bound
+
+
+def test_realtime_estimates_are_calibrated_by_the_waits_that_followed():
+    """A loaded worker's turns cost more than its averages said: admitted turns report their real
+    wait, and the ratio to the estimate scales later estimates (from estimates of 1 s or more,
+    at least 1, at most MAX_SCALE)."""
+    waits = {"chat": 2.0}
+    adm = Admission(10.0, waits.__getitem__)
+    assert adm.admit_realtime("chat", "chat") == pytest.approx(2.0)
+    adm.observe_wait("chat", 0.2, 3.0)  # an idle estimate teaches nothing
+    assert adm.scale("chat") == 1.0
+    adm.observe_wait("chat", 2.0, 6.0)  # waited three times the estimate
+    assert adm.scale("chat") == pytest.approx(3.0)
+    assert adm.realtime_wait_s("chat", "chat") == pytest.approx(6.0)
+    waits["chat"] = 4.0  # 4 s estimated, 12 s expected: refused
+    with pytest.raises(Overloaded):
+        adm.admit_realtime("chat", "chat")
+    adm.observe_wait("chat", 2.0, 1.0)  # faster than estimated: the scale never goes below 1
+    assert adm.scale("chat") == pytest.approx(0.8 * 3.0 + 0.2 * 1.0)
+    adm.observe_wait("other", 1.0, 100.0)
+    assert adm.scale("other") == MAX_SCALE
+    assert adm.admit("chat", "chat") == pytest.approx(4.0)  # REST estimates are not scaled
 
 
 # ---- REST: 503 + Retry-After at once --------------------------------------------------------------

@@ -19,7 +19,12 @@ completion's first step, a synthesis, a transcription's first segment): its wait
 worker's ``wait_s``. A realtime answer is many turns, each queued behind everyone else's
 (a session's pushes and pipeline steps are calls that go back to the tail): its wait for its
 first output is ``wait_s`` times the number of turns from the end of a turn to the first audio,
-measured by the sessions themselves (``observe_turns``; 1 until a turn was measured). Work
+measured by the sessions themselves (``observe_turns``; 1 until a turn was measured). The
+turns of a loaded worker cost more than the averages of quieter moments said, so a realtime
+estimate is also calibrated by what followed: each admitted turn tells how long it really
+waited for its first output (``observe_wait``), and the moving average of real wait over
+estimate (learned only from estimates of at least ``CALIBRATE_FROM_S``, at least 1) scales
+later estimates. Work
 whose estimated wait exceeds the bound (``ServerConfig.max_wait_s``) is refused at once with
 ``Overloaded``: a REST 503 with ``Retry-After``, a realtime ``error`` event and close 1013.
 An idle worker has nothing queued, so it admits everything whatever the machine's speed.
@@ -35,6 +40,11 @@ from speclive.server.errors import APIError
 
 #: weight of a new sample in the moving averages
 ALPHA = 0.2
+#: realtime estimates shorter than this do not teach the calibration (an idle worker's estimate
+#: is near 0, so a ratio to it says nothing about a loaded one)
+CALIBRATE_FROM_S = 1.0
+#: the largest correction the calibration applies
+MAX_SCALE = 4.0
 
 
 class Overloaded(APIError):
@@ -118,6 +128,8 @@ class Admission:
         self._lock = threading.Lock()
         #: realtime mode -> average worker turns from the end of a turn to its first output
         self._turns: dict[str, float] = {}
+        #: realtime mode -> moving average of real wait / estimated wait (``observe_wait``)
+        self._scale: dict[str, float] = {}
 
     def turns_to_first_output(self, mode: str) -> float:
         with self._lock:
@@ -133,19 +145,34 @@ class Admission:
         """The estimated wait of new work on ``worker`` that needs ``turns`` turns to its first output."""
         return self._wait_of(worker) * max(1.0, turns)
 
-    def realtime_wait_s(self, worker: str, mode: str) -> float:
-        return self.wait_s(worker, self.turns_to_first_output(mode))
+    def observe_wait(self, mode: str, estimate_s: float, real_s: float) -> None:
+        """An admitted realtime turn of ``mode``, estimated at ``estimate_s``, waited ``real_s``
+        for its first output."""
+        if estimate_s >= CALIBRATE_FROM_S:
+            with self._lock:
+                ratio = min(MAX_SCALE, max(1.0, real_s / estimate_s))
+                self._scale[mode] = ema(self._scale.get(mode), ratio)
 
-    def admit(self, kind: str, worker: str, turns: float = 1.0) -> None:
-        """Refuse (``Overloaded``) ``kind`` work whose estimated wait exceeds the bound."""
+    def scale(self, mode: str) -> float:
+        """The calibration of ``mode``'s realtime estimates (1 until a loaded turn was measured)."""
+        with self._lock:
+            return self._scale.get(mode, 1.0)
+
+    def realtime_wait_s(self, worker: str, mode: str) -> float:
+        return self.wait_s(worker, self.turns_to_first_output(mode)) * self.scale(mode)
+
+    def admit(self, kind: str, worker: str, turns: float = 1.0, scale: float = 1.0) -> float:
+        """Refuse (``Overloaded``) ``kind`` work whose estimated wait exceeds the bound; returns
+        the estimate of admitted work."""
+        wait = self.wait_s(worker, turns) * scale
         if self.max_wait_s <= 0:
-            return
-        wait = self.wait_s(worker, turns)
+            return wait
         if wait > self.max_wait_s:
             if self._on_refuse is not None:
                 self._on_refuse(kind)
             what = "realtime turn" if kind == "realtime" else f"{kind} request"
             raise Overloaded(what, wait, self.max_wait_s)
+        return wait
 
-    def admit_realtime(self, worker: str, mode: str) -> None:
-        self.admit("realtime", worker, self.turns_to_first_output(mode))
+    def admit_realtime(self, worker: str, mode: str) -> float:
+        return self.admit("realtime", worker, self.turns_to_first_output(mode), self.scale(mode))

@@ -28,6 +28,7 @@ import binascii
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
@@ -112,6 +113,8 @@ class RealtimeSession:
         #: worker turns the admitted turn has waited so far for its first output (None: not
         #: counting)
         self.output_turns: int | None = None
+        #: when the turn in progress was admitted, and its estimated wait for its first output
+        self.admitted_at: tuple[float, float] | None = None
         #: why the turn that just ended was refused
         self.refused: Overloaded | None = None
 
@@ -255,12 +258,13 @@ class RealtimeSession:
         if turn is not None and turn is self.admitted_turn:
             return True  # taken up again and ended again: it was admitted already
         try:
-            self.svc.admission.admit_realtime("chat", self.settings.mode)
+            estimate = self.svc.admission.admit_realtime("chat", self.settings.mode)
         except Overloaded as refusal:
             self.refused = refusal
             return False
         self.admitted_turn = turn
         self.output_turns = 0
+        self.admitted_at = (time.monotonic(), estimate)
         return True
 
     async def _refuse(self, refusal: Overloaded) -> None:
@@ -287,7 +291,10 @@ class RealtimeSession:
             first = (ev.TranslationUpdate,) if mode == "translate" else (ev.TranscriptFinal,)
         if isinstance(e, first):
             self.svc.admission.observe_turns(mode, self.output_turns)
-            self.output_turns = None
+            if self.admitted_at is not None:
+                t0, estimate = self.admitted_at
+                self.svc.admission.observe_wait(mode, estimate, time.monotonic() - t0)
+            self.output_turns = self.admitted_at = None
         elif isinstance(e, ev.TurnMetrics | ev.Interrupted):
             self.output_turns = None  # the turn ended without that output
 
