@@ -9,7 +9,7 @@ A factory returns a dataclass field that carries its flag, type, help and usual 
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +148,16 @@ def stream_partials_option(**kw: Any) -> Any:
     )
 
 
+def check_remote(engine: str, vllm_urls: Sequence[str]) -> None:
+    """``ConfigError`` unless ``--engine vllm`` and ``--vllm-url`` come together."""
+    if engine not in ENGINES:
+        raise ConfigError(f"invalid engine {engine!r}; allowed values: {', '.join(ENGINES)}")
+    if engine == "vllm" and not vllm_urls:
+        raise ConfigError("--engine vllm needs --vllm-url URL (a `vllm serve` replica)")
+    if engine != "vllm" and vllm_urls:
+        raise ConfigError("--vllm-url needs --engine vllm")
+
+
 # ------------------------------------------------------------------------------- option groups
 @dataclass
 class EngineOptions:
@@ -176,10 +186,7 @@ class RemoteOptions:
     vllm_top_k: int = vllm_top_k_option()
 
     def __post_init__(self) -> None:
-        if self.engine == "vllm" and not self.vllm_urls:
-            raise ConfigError("--engine vllm needs --vllm-url URL (a `vllm serve` replica)")
-        if self.engine != "vllm" and self.vllm_urls:
-            raise ConfigError("--vllm-url needs --engine vllm")
+        check_remote(self.engine, self.vllm_urls)
 
 
 @dataclass
@@ -201,8 +208,3 @@ REMOTE = OptionSet(RemoteOptions)
 SPEECH = OptionSet(SpeechOptions)
 VOICE = OptionSet(SpeechOptions, only=("voice",))
 STREAMING = OptionSet(SpeechOptions, only=("stream_draft", "stream_partials"))
-
-
-def remote_options(args: argparse.Namespace) -> RemoteOptions:
-    """The parsed ``RemoteOptions`` (raises ``ConfigError`` when they do not fit together)."""
-    return REMOTE.build(args)

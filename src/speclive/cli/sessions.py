@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from speclive.common_options import REMOTE, SESSION_LLM, VOICE
+from speclive.common_options import REMOTE, SESSION_LLM, VOICE, RemoteOptions
 from speclive.errors import ConfigError
 from speclive.loader import load_backend
 from speclive.sessions.predictive import FIRST_PASS, PredGenConfig, PredictiveResponder, _parse_verifier
@@ -23,9 +23,8 @@ from speclive.tts.base import Audio, write_wav
 from speclive.tts.piper import PiperTTS
 
 
-def load_llm(args: argparse.Namespace) -> Any:
+def load_llm(args: argparse.Namespace, remote: RemoteOptions) -> Any:
     """The LLM the options name: a ``Backend`` or a ``VLLMEngine`` (both drive the sessions)."""
-    remote = REMOTE.build(args)
     if remote.engine == "vllm":
         from speclive.engines.vllm import connect  # lazy: the vLLM client needs httpx (the serve extra)
 
@@ -75,9 +74,9 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
     )
     cfg.validate()  # before the model loads
-    REMOTE.build(args)  # options that do not fit together fail before anything loads
+    remote = REMOTE.build(args)  # options that do not fit together fail before anything loads
     prefixes = lag_k_prefixes(args.text, args.lag_k)
-    backend = load_llm(args)
+    backend = load_llm(args, remote)
     session = ReTranslator(backend, cfg)
     try:
         for i, src in enumerate(prefixes):
@@ -148,12 +147,12 @@ def cmd_predgen(args: argparse.Namespace) -> int:
     if args.cpm <= 0:
         raise ConfigError(f"--cpm must be > 0, got {args.cpm}")
     _parse_verifier(args.verifier)  # fail before loading anything
-    REMOTE.build(args)  # options that do not fit together fail before anything loads
+    remote = REMOTE.build(args)  # options that do not fit together fail before anything loads
     tts = None
     if not args.no_tts:
         tts = PiperTTS(args.voice)
         tts.synthesize("Ready.")  # warm-up outside the measurement
-    backend = load_llm(args)
+    backend = load_llm(args, remote)
     cfg = PredGenConfig(
         verifier=args.verifier,
         first_pass=args.first_pass,

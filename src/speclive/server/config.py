@@ -13,6 +13,7 @@ from speclive.common_options import (
     asr_draft_option,
     asr_model_option,
     backend_option,
+    check_remote,
     datastore_option,
     device_option,
     draft_model_option,
@@ -164,10 +165,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"invalid backend {self.backend!r}; allowed values: {', '.join(BACKENDS)}")
-        if self.engine not in ("local", "vllm"):
-            raise ConfigError(f"invalid engine {self.engine!r}; allowed values: local, vllm")
-        if (self.engine == "vllm") != bool(self.vllm_urls):
-            raise ConfigError("--engine vllm and --vllm-url go together (a `vllm serve` replica URL)")
+        check_remote(self.engine, self.vllm_urls)
         if self.drafter not in SERVE_DRAFTERS:
             raise ConfigError(
                 f"drafter {self.drafter!r} cannot be served; allowed values: {', '.join(SERVE_DRAFTERS)}"
