@@ -150,7 +150,6 @@ def clips_from(folder: Path) -> list[Clip]:
 
 
 def librivox_clips() -> list[Clip]:
-
     if not LIBRIVOX.is_dir():
         return []
     refs: dict[str, str] = {}
@@ -164,7 +163,6 @@ def librivox_clips() -> list[Clip]:
 
 
 def piper_clips(n: int) -> list[Clip]:
-
     tts = PiperTTS("piper-joe-medium")
     out = []
     for q in mtbench_questions()[:n]:

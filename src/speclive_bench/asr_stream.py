@@ -198,7 +198,6 @@ def run_stream_bench(
     step_s: float = 1.0,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-
     rows: list[dict[str, Any]] = []
     for i, clip in enumerate(clips):
         silence_t = last_speech_end(StreamingVAD()(clip.audio))

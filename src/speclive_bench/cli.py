@@ -131,7 +131,6 @@ def _log(msg: str) -> None:
 
 
 def cmd_costcurve(args: argparse.Namespace) -> int:
-
     options = _options("costcurve")
     opts = options.build(args)
     backend = load_backend(opts.model, opts.backend, device=opts.device)
@@ -200,7 +199,6 @@ def _decode(options: OptionSet, opts: Any, words: list[str], run: Any) -> Any:
 
 
 def _check_sets(sets: list[str], known: tuple[str, ...]) -> None:
-
     bad = [s for s in sets if s not in known]
     if bad:
         raise ConfigError(f"unknown prompt sets {bad}; known: {', '.join(dict.fromkeys(known))}")
@@ -224,7 +222,6 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_all_small(args: argparse.Namespace) -> int:
-
     opts = decode_options().preset(
         target="smollm2-135m-instruct",
         backends=["llamacpp"],
@@ -238,7 +235,6 @@ def cmd_all_small(args: argparse.Namespace) -> int:
 
 
 def cmd_retranslate(args: argparse.Namespace) -> int:
-
     options = _options("retranslate")
     opts = options.build(args)
     opts.tag = opts.tag or f"{opts.model}-{opts.backend}"
@@ -251,7 +247,6 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
 
 
 def cmd_graphs(args: argparse.Namespace) -> int:
-
     options = _options("graphs")
     opts = options.build(args)
     opts.tag = opts.tag or f"{opts.model}-{opts.device.replace(':', '')}"
@@ -279,7 +274,6 @@ def cmd_graphs(args: argparse.Namespace) -> int:
 
 
 def cmd_predgen(args: argparse.Namespace) -> int:
-
     options = _options("predgen")
     opts = options.build(args)
     if "baseline" not in opts.methods:
@@ -297,7 +291,6 @@ def cmd_predgen(args: argparse.Namespace) -> int:
 
 
 def cmd_live(args: argparse.Namespace) -> int:
-
     options = _options("live")
     opts = options.build(args)
     chat = opts.pipeline == "chat"
@@ -329,7 +322,6 @@ def cmd_live(args: argparse.Namespace) -> int:
 
 
 def cmd_talon(args: argparse.Namespace) -> int:
-
     _check_sets(args.sets, (*prompts.SETS, *prompts.TALON_SETS))
     options = talon_options()
     opts = options.build(args)

@@ -100,7 +100,6 @@ def add_asr_bench_parser(sub: Any) -> None:
 
 
 def cmd_asr_bench(args: argparse.Namespace) -> int:
-
     o = OPTIONS.build(args)
     if o.save_clips is not None:
         clips = librivox_clips() + piper_clips(o.piper)
@@ -156,7 +155,6 @@ def cmd_asr_bench(args: argparse.Namespace) -> int:
 
 
 def _stream_bench(o: AsrBenchOptions) -> int:
-
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     if o.clips is not None:
         clips = clips_from(o.clips)

@@ -213,7 +213,6 @@ def _session_strategy(st: Any, anything: Any) -> Any:
 
 
 def _speech_chunks(speech: np.ndarray, rate: int = 24_000, chunk_s: float = 0.1) -> list[str]:
-
     x = resample(speech, 16_000, rate)
     n = int(rate * chunk_s)
     return [base64.b64encode(pcm16(x[i : i + n])).decode("ascii") for i in range(0, len(x), n)]

@@ -104,7 +104,6 @@ def run_graphs_bench(
     repeats: int = 7,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-
     eager, static = backends_pair(model, device)
     pair = {"eager": eager, "graphs": static}
     curve = _curve(pair, list(ks), repeats)

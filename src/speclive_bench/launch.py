@@ -61,7 +61,6 @@ class VLLMServer:
         extra: list[str] | None = None,
         log: Path | None = None,
     ):
-
         py = python or vllm_python()
         if py is None:
             raise EngineUnavailableError(

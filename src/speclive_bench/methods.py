@@ -74,7 +74,6 @@ class OurRunner:
         datastore: str | None = None,
         knowledge_dir: Path | None = None,
     ):
-
         self.target = target
         self.drafter_name = drafter_name
         self.drafter = (
@@ -89,7 +88,6 @@ class OurRunner:
             self.knowledge.load()
 
     def run(self, prompt_ids: Sequence[int], max_tokens: int) -> dict[str, Any]:
-
         dec = SpeculativeDecoder(self.target, self.drafter)
         if self.knowledge is not None:
             dec.knowledge = self.knowledge  # loaded in __init__; saved after the generation

@@ -84,7 +84,6 @@ class LlamaCppPythonPeer(Peer):
         n_ctx: int = 4096,
         threads: int | None = None,
     ):
-
         self.ref = LlamaReference(gguf, n_ctx=n_ctx, n_threads=threads)
         self.eos = set(int(t) for t in eos_ids)
 

@@ -85,7 +85,6 @@ def _spread(n: int, limit: int | None) -> list[int]:
 
 
 def _judge_prompt() -> dict[str, str]:
-
     install("mt-bench", progress=False)
     path = installed_path("mt-bench", "judge_prompts.jsonl")
     for line in path.read_text().splitlines():
@@ -105,7 +104,6 @@ class Judge:
     """
 
     def __init__(self, model: str, backend: str, max_tokens: int = 256, explain_tokens: int = 128):
-
         self.backend = load_backend(model, backend)
         self.decoder = SpeculativeDecoder(self.backend, make_drafter("ngram", self.backend))
         self.cfg = GenerationConfig(max_tokens=max_tokens)
@@ -272,7 +270,6 @@ def turn2_history(question: str, answer: str) -> list[dict[str, str]]:
 
 
 def _is_greedy(method: str) -> bool:
-
     return method != "baseline" and parse_method(method)[0] == "greedy"
 
 

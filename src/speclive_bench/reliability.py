@@ -101,7 +101,6 @@ def _server(opts: FuzzOptions, key: str):
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-
     opts = OPTIONS.build(args)
     key = "fuzz-bench-key"
     opts.tag = opts.tag or opts.model

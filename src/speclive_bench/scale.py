@@ -93,7 +93,6 @@ OPTIONS = OptionSet(ScaleBenchOptions)
 
 
 def _sentences(n_min: int, n_max: int) -> list[str]:
-
     pool: list[str] = []
     for q in mtbench_questions():
         for s in split_sentences(q["prompt"]):
@@ -127,7 +126,6 @@ def _run_threads(fns: list[Callable[[], dict]]) -> list[dict]:
 
 # --------------------------------------------------------------------------- re-translation
 def _retranslate_stream(engine: Any, method: str, sentence: str, opts: ScaleBenchOptions) -> dict:
-
     kw: dict[str, Any] = {"target_lang": opts.target_lang, "max_tokens": opts.ssbd_max_tokens, "mask_k": 0}
     if method == "ar":
         kw["baseline"] = True

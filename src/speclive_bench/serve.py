@@ -679,7 +679,6 @@ def add_serve_bench_parser(sub: Any) -> None:
 
 
 def _prompt_sets(names: list[str], limit: int) -> dict[str, list[str]]:
-
     out: dict[str, list[str]] = {}
     for name in names:
         if name == "none":
@@ -696,7 +695,6 @@ def _prompt_sets(names: list[str], limit: int) -> dict[str, list[str]]:
 
 
 def cmd_serve_bench(args: argparse.Namespace) -> int:
-
     opts = OPTIONS.build(args)
     opts.prompts = _prompt_sets(opts.sets, opts.limit)
     opts.model = opts.model or DEFAULT_MODEL

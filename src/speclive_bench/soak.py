@@ -150,7 +150,6 @@ class _Voice(threading.Thread):
         time.sleep(self._backoff)
 
     def run(self) -> None:
-
         ws_url = self.url.replace("http://", "ws://") + "/v1/realtime"
         while time.perf_counter() < self.deadline:  # a lost connection is counted, then redialled
             try:

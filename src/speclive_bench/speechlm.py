@@ -81,7 +81,6 @@ def _prompts(n: int, length: int, seed: int) -> list[str]:
 
 
 def _params(o: SpeechLMBenchOptions, seed: int, cfg: float | None):
-
     return SamplingParams(
         mode="text_audio",
         cfg=cfg,
@@ -93,7 +92,6 @@ def _params(o: SpeechLMBenchOptions, seed: int, cfg: float | None):
 
 
 def run_sequential(model, o: SpeechLMBenchOptions) -> dict[str, Any]:
-
     toks = pre = dec_s = pre_s = 0.0
     for i, text in enumerate(_prompts(o.seq_requests, o.prompt_len, 1)):
         r = reference_generate(model, model.text_rows(encode_text(text)), _params(o, i, None))
@@ -204,7 +202,6 @@ def run_musicgen_exactness(o: SpeechLMBenchOptions, log: Callable[[str], None]) 
 
 
 def _delayed_rows(codes: torch.Tensor) -> list[list[int | None]]:
-
     grid = interleave(codes, -1).tolist()
     return [[None if c == -1 else c for c in r] for r in grid]
 
@@ -236,7 +233,6 @@ def compare_runs(pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
 
 
 def run_speechlm_bench(o: SpeechLMBenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-
     load_avg_start = report.load_avg()  # before the model is built
     torch.set_num_threads(o.threads)
     mcfg = SpeechLMConfig.preset(o.preset)

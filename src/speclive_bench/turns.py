@@ -256,7 +256,6 @@ def voice_config(max_tokens: int):
 
 # ---- the sweep -------------------------------------------------------------------------------
 def _policy(kind: str, threshold: float, max_silence: float, w: float = 0.5):
-
     return TurnPolicy(
         TurnPolicyConfig(kind=kind, threshold=threshold, max_silence_s=max_silence, text_weight=w)
     )
@@ -429,7 +428,6 @@ def score_turn(
 
 
 def run_conversation(models, conv, policy: str, method: str, opts: TurnsBenchOptions) -> list[dict[str, Any]]:
-
     detection, turn_cfg, pol = _policy_config(policy, opts.eagerness)
     pipe = make_pipeline(
         "chat",

@@ -299,7 +299,6 @@ def fingerprint(plan: list[dict[str, Any]]) -> str:
 
 # ---- voices -----------------------------------------------------------------------------------
 def _piper() -> Synth:
-
     tts = PiperTTS(varied=False)
 
     def synth(text: str, rate: float) -> tuple[np.ndarray, int]:
@@ -310,7 +309,6 @@ def _piper() -> Synth:
 
 
 def _espeak() -> Synth:
-
     voices: dict[int, EspeakTTS] = {}
 
     def synth(text: str, rate: float) -> tuple[np.ndarray, int]:
@@ -395,7 +393,6 @@ def _inner_silences(audio: np.ndarray, min_s: float = MIN_PAUSE_S) -> list[tuple
 
 
 def _to_16k(samples: np.ndarray, sample_rate: int) -> np.ndarray:
-
     return to_mono_16k(np.asarray(samples, dtype=np.float32), sample_rate)
 
 
@@ -473,7 +470,6 @@ def assemble(turn: dict[str, Any], synth: Synth, seed: int) -> tuple[np.ndarray,
 
 # ---- the set ----------------------------------------------------------------------------------
 def default_root() -> Path:
-
     return speclive_home() / NAME
 
 

@@ -49,7 +49,6 @@ def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
-
     audio = load_audio(args.file)  # fail on bad input before loading any model
     cfg = TranscribeConfig(
         model=args.model,

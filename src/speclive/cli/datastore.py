@@ -70,7 +70,6 @@ def add_datastore_parser(subparsers: Any) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-
     ref = resolve(args.model)
     tok = tokenizer_for(ref)
     exclude: list[str] = []
@@ -123,7 +122,6 @@ def lookup_timing(ds: Any, contexts: list[list[int]], depth: int = 16) -> dict[s
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-
     tok = None
     if args.model:
         tok = tokenizer_for(resolve(args.model))
@@ -140,7 +138,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_outputs(args: argparse.Namespace) -> int:
-
     target = load_backend(args.model, args.backend)
     drafter = make_drafter("ngram", target)
     dec = SpeculativeDecoder(target, drafter)

@@ -62,7 +62,6 @@ def _say(msg: str) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-
     if not args.prompt.strip():
         raise SpecliveError("empty prompt: give the text to answer as the last argument")
     if args.drafter == "none":

@@ -16,7 +16,6 @@ from speclive.loader import load_backend, make_drafter
 
 
 def _build_decoder(args: argparse.Namespace):
-
     target = load_backend(
         args.model, args.backend, n_ctx=args.n_ctx, threads=args.threads, device=args.device
     )
@@ -58,7 +57,6 @@ def stats_line(stats, drafter_name: str) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-
     dec = _build_decoder(args)
     ids = _prompt_ids(dec, args)
     cfg = GenerationConfig(

@@ -20,7 +20,6 @@ def add_knowledge_parser(subparsers: Any) -> None:
 
 
 def cmd_knowledge(args: argparse.Namespace) -> int:
-
     if args.action == "path":
         print(knowledge_dir())
         return 0

@@ -33,7 +33,6 @@ def load_llm(args: argparse.Namespace, remote: RemoteOptions) -> Any:
 
 
 def add_retranslate_parser(subparsers: Any) -> None:
-
     p = subparsers.add_parser(
         "retranslate", help="live re-translation of a growing source (SSBD: previous output as draft)"
     )
@@ -60,7 +59,6 @@ def add_retranslate_parser(subparsers: Any) -> None:
 
 
 def cmd_retranslate(args: argparse.Namespace) -> int:
-
     if not args.text.strip():
         raise ConfigError("empty text: give the English source as the last argument")
     cfg = RetranslateConfig(
@@ -114,7 +112,6 @@ def cmd_retranslate(args: argparse.Namespace) -> int:
 
 
 def add_predgen_parser(subparsers: Any) -> None:
-
     p = subparsers.add_parser(
         "predgen", help="voice-chat answer while the user speaks (PredGen input-time speculation)"
     )
