@@ -27,9 +27,9 @@ No model runs. Three priors come out (``src/speclive/drafting/priors.json``, rea
   token; per set, and the prior is the minimum over the sets.
 
     PYTHONPATH=src python benchmarks/calibrate_priors.py \\
-        benchmarks/results/decode-qwen1.5b-llamacpp.json \\
-        benchmarks/results/decode-qwen1.5b-llamacpp-code-edit.json \\
-        --draft-curve benchmarks/results/costcurve-qwen2.5-coder-0.5b-instruct-q4_k_m-llamacpp.json \\
+        benchmarks/results/archive/decode-qwen1.5b-llamacpp.json \\
+        benchmarks/results/archive/decode-qwen1.5b-llamacpp-code-edit.json \\
+        --draft-curve benchmarks/results/archive/costcurve-qwen2.5-coder-0.5b-instruct-q4_k_m-llamacpp.json \\
         --draft-model qwen2.5-coder-0.5b-instruct --out src/speclive/drafting/priors.json
 """
 

@@ -8,7 +8,7 @@ read by re-running AR one token at a time up to the divergence, as ``bench decod
 ``bench predgen`` classify theirs (``bench.exactness.ar_logit_gap``)::
 
     flock /tmp/speclive-cpu.lock python benchmarks/retranslate_near_ties.py \\
-        benchmarks/results/retranslate-qwen0.5b-llamacpp-de-12.json
+        benchmarks/results/archive/retranslate-qwen0.5b-llamacpp-de-12.json
 
 writes ``<result>-ties.md`` beside the result and exits 1 if a gap is at or above the bar.
 """

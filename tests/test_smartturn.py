@@ -20,7 +20,7 @@ from speclive.live.smartturn import (
 )
 
 #: Pipecat 1.14's own analyzer (``LocalSmartTurnAnalyzerV3._predict_endpoint``) on the inputs of
-#: ``synthetic()`` (benchmarks/smart_turn_check.py, results/smart-turn-check.json)
+#: ``synthetic()`` (benchmarks/smart_turn_check.py, results/archive/smart-turn-check.json)
 PIPECAT_P = {
     "silence-1s": 0.9875311851501465,
     "syllables-3s": 0.08002513647079468,

@@ -27,7 +27,7 @@ from speclive.tokenizer import Tokenizer
 # by measurements
 _HF_FP32_PRIOR = {1: 1.0, 2: 2.17, 4: 2.85, 8: 2.56, 16: 2.95, 32: 4.32}
 # on a GPU a small model's step is launch-bound: verifying a few dozen tokens costs about one
-# step (benchmarks/results/costcurve-qwen2.5-coder-0.5b-instruct-hf-cuda.md); measurements
+# step (benchmarks/results/archive/costcurve-qwen2.5-coder-0.5b-instruct-hf-cuda.md); measurements
 # replace it
 _HF_GPU_PRIOR = {1: 1.0, 16: 1.04, 32: 1.05, 64: 1.17}
 

@@ -28,7 +28,7 @@ tokens costs far more than one step:
 Replaying the greedy outputs of Qwen2.5-Coder-1.5B on the code-edit set against the measured
 llama.cpp cost curve, this raised the achievable decode speedup from 1.39x (latest 4-gram, one
 global acceptance estimate) to about 1.56x, and learned survival to about 1.61x (8 prompts,
-greedy AR outputs of the committed run ``decode-qwen1.5b-llamacpp``).
+greedy AR outputs of the committed run ``archive/decode-qwen1.5b-llamacpp``).
 """
 
 from __future__ import annotations
