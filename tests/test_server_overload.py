@@ -33,13 +33,20 @@ from speclive.decoder import GenerationStats  # noqa: E402
 from speclive.live import events as ev  # noqa: E402
 from speclive.server.app import create_app  # noqa: E402
 from speclive.server.audio import pcm16  # noqa: E402
-from speclive.server.capacity import MAX_SCALE, Admission, Overloaded, TurnCosts, wait_estimate  # noqa: E402
+from speclive.server.capacity import (  # noqa: E402
+    DEFAULT_WORK_S,
+    MAX_SCALE,
+    Admission,
+    Overloaded,
+    TurnCosts,
+    wait_estimate,
+)
 from speclive.server.chat import ChatDelta, ChatDone  # noqa: E402
 from speclive.server.config import ServerConfig  # noqa: E402
 from speclive.server.inproc import serve_in_thread  # noqa: E402
 from speclive.server.realtime_session import RealtimeSession  # noqa: E402
 from speclive.server.realtime_settings import SessionClock  # noqa: E402
-from speclive.server.worker import ModelWorker, Stream  # noqa: E402
+from speclive.server.worker import URGENT, ModelWorker, Stream  # noqa: E402
 
 
 # ---- the estimator ------------------------------------------------------------------------------
@@ -116,22 +123,63 @@ def test_worker_prices_the_foreground_work_queued_ahead():
     assert worker.costs.call_s(hold.__qualname__) == pytest.approx(0.8 * 4.0 + 0.2 * 9.0)
 
 
-def test_admission_scales_realtime_turns_by_their_measured_worker_turns():
-    waits = {"chat": 3.0, "speech": 0.0}
+def test_worker_serves_the_work_owed_the_longest_first():
+    """Units owed from an earlier moment (an admitted turn's, ``URGENT`` audio) go ahead of the
+    work queued after it; without ``since`` the queue is FIFO."""
+    clock = FakeClock()
+    worker = ModelWorker("test", clock=clock)
+    gate, running = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def hold() -> None:
+        running.set()
+        gate.wait(10)
+
+    worker.submit(hold)
+    assert running.wait(5)
+    clock.t = 5.0
+    futs = [worker.submit(order.append, "late-1")]
+    clock.t = 6.0
+    futs.append(worker.submit(order.append, "late-2"))
+    futs.append(worker.submit_since(2.0, order.append, "turn admitted at 2"))
+    futs.append(worker.submit_since(URGENT, order.append, "audio"))
+    futs.append(worker.submit_since(2.0, order.append, "its next unit"))
+    gate.set()
+    for f in futs:
+        f.result(5)
+    worker.close()
+    assert order == ["audio", "turn admitted at 2", "its next unit", "late-1", "late-2"]
+
+
+def test_admission_reserves_what_admitted_turns_owe_before_their_first_output():
+    waits = {"chat": 1.0, "speech": 0.0}
     refused: list[str] = []
-    adm = Admission(10.0, waits.__getitem__, refused.append)
-    adm.admit("chat", "chat")  # 3 s: admitted
-    adm.admit_realtime("chat", "chat")  # one turn to the first output until measured
-    adm.observe_turns("chat", 5)
-    assert adm.turns_to_first_output("chat") == 5.0
-    assert adm.realtime_wait_s("chat", "chat") == pytest.approx(15.0)
-    with pytest.raises(Overloaded) as refusal:
-        adm.admit_realtime("chat", "chat")
+    clock = FakeClock()
+    adm = Admission(10.0, waits.__getitem__, refused.append, clock=clock)
+    assert adm.work_s("chat") == DEFAULT_WORK_S  # until a turn was measured
+    a = adm.admit_realtime("chat", "chat")  # 1 s queued + its own 1 s
+    assert a.estimate_s == pytest.approx(2.0) and adm.reserved_s("chat") == pytest.approx(1.0)
+    assert adm.wait_s("chat") == pytest.approx(2.0)  # a REST request waits for the reservation too
+    a.work_s = 3.0  # its units took 3 worker seconds
+    clock.t = 2.0  # and it waited as estimated: the calibration stays at 1
+    adm.first_output(a)
+    assert adm.reserved_s("chat") == 0.0 and adm.open_turns("chat") == 0
+    assert adm.work_s("chat") == pytest.approx(3.0)  # learned from the first measured turn
+    turns = [adm.admit_realtime("chat", "chat") for _ in range(2)]
+    assert [t.estimate_s for t in turns] == pytest.approx([4.0, 7.0])  # each waits for those before
+    turns[0].work_s = 1.0  # 2 s of it are still owed
+    assert adm.reserved_s("chat") == pytest.approx(5.0)
+    with pytest.raises(Overloaded) as refusal:  # 1 + 5 + 3 = 9 s, but its user waited 1.5 s already
+        adm.admit_realtime("chat", "chat", waited_s=1.5)
     err = refusal.value
-    assert err.status == 503 and err.code == "server_overloaded" and err.headers == {"Retry-After": "15"}
-    assert refused == ["realtime"]
-    adm.admit("chat", "chat")  # a chat completion's first token is one turn away: still admitted
-    adm.admit_realtime("chat", "transcribe")  # another mode keeps its own count
+    assert err.status == 503 and err.code == "server_overloaded" and err.headers == {"Retry-After": "11"}
+    assert refused == ["realtime"] and adm.open_turns("chat") == 2
+    assert adm.check_realtime("chat", "chat") == pytest.approx(9.0)  # checked, not reserved
+    assert adm.open_turns("chat") == 2
+    for t in turns:
+        adm.withdraw(t)  # ended without output: nothing learned, nothing owed
+    assert adm.reserved_s("chat") == 0.0 and adm.work_s("chat") == pytest.approx(3.0)
+    adm.admit("chat", "chat")
     waits["speech"] = 10.5
     with pytest.raises(Overloaded) as refusal:
         adm.admit("speech", "speech")
@@ -139,26 +187,37 @@ def test_admission_scales_realtime_turns_by_their_measured_worker_turns():
     Admission(0.0, lambda _: 1e9).admit("chat", "chat")  # 0: no bound
 
 
-def test_realtime_estimates_are_calibrated_by_the_waits_that_followed():
-    """A loaded worker's turns cost more than its averages said: admitted turns report their real
-    wait, and the ratio to the estimate scales later estimates (from estimates of 1 s or more,
-    at least 1, at most MAX_SCALE)."""
-    waits = {"chat": 2.0}
-    adm = Admission(10.0, waits.__getitem__)
-    assert adm.admit_realtime("chat", "chat") == pytest.approx(2.0)
-    adm.observe_wait("chat", 0.2, 3.0)  # an idle estimate teaches nothing
-    assert adm.scale("chat") == 1.0
-    adm.observe_wait("chat", 2.0, 6.0)  # waited three times the estimate
-    assert adm.scale("chat") == pytest.approx(3.0)
-    assert adm.realtime_wait_s("chat", "chat") == pytest.approx(6.0)
-    waits["chat"] = 4.0  # 4 s estimated, 12 s expected: refused
-    with pytest.raises(Overloaded):
-        adm.admit_realtime("chat", "chat")
-    adm.observe_wait("chat", 2.0, 1.0)  # faster than estimated: the scale never goes below 1
-    assert adm.scale("chat") == pytest.approx(0.8 * 3.0 + 0.2 * 1.0)
-    adm.observe_wait("other", 1.0, 100.0)
-    assert adm.scale("other") == MAX_SCALE
-    assert adm.admit("chat", "chat") == pytest.approx(4.0)  # REST estimates are not scaled
+def test_realtime_estimates_are_calibrated_to_the_p90_of_the_waits_that_followed():
+    """A loaded worker's turns wait longer than their estimate: the scale tracks the 90th
+    percentile of real wait over estimate (from estimates of CALIBRATE_FROM_S or more, between
+    1 and MAX_SCALE)."""
+    clock = FakeClock()
+    adm = Admission(10.0, {"chat": 1.0}.__getitem__, clock=clock)
+
+    def turn(real_over_estimate: float) -> None:
+        res = adm.admit_realtime("chat", "chat")
+        clock.t += real_over_estimate * res.estimate_s
+        adm.first_output(res)
+
+    rng = np.random.default_rng(0)
+    ratios = rng.uniform(1.0, 3.0, 2000)  # p90 = 2.8
+    for r in ratios:
+        turn(float(r / adm.scale("chat")))  # the real wait does not depend on the scale
+    assert adm.scale("chat") == pytest.approx(2.8, abs=0.25)
+    fast = Admission(10.0, {"chat": 0.0}.__getitem__, clock=clock)
+    res = fast.admit_realtime("chat", "chat")
+    res.work_s = 0.1  # an idle estimate (0.1 s learned) teaches nothing
+    clock.t += 1.0
+    fast.first_output(res)
+    res = fast.admit_realtime("chat", "chat")
+    clock.t += 5.0
+    fast.first_output(res)
+    assert fast.scale("chat") == 1.0
+    for _ in range(200):
+        res = adm.admit_realtime("chat", "chat")
+        clock.t += 100 * res.estimate_s
+        adm.first_output(res)
+    assert adm.scale("chat") == MAX_SCALE
 
 
 # ---- REST: 503 + Retry-After at once --------------------------------------------------------------
@@ -427,7 +486,8 @@ def test_realtime_turn_over_the_bound_is_refused_with_an_error_and_1013(voice, m
         _until(ws, "session.created")
         done = _turn(ws)[-1]  # an idle server answers
         assert done["response"]["status"] == "completed"
-        assert svc.admission.turns_to_first_output("chat") >= 1  # measured on that turn
+        assert svc.admission.work_s("chat") > 0  # measured on that turn
+        assert svc.admission.open_turns("chat") == 0  # its reservation closed at its first output
         monkeypatch.setattr(svc.worker("chat"), "wait_s", lambda: 30.0)  # the worker is swamped
         _say(ws, True)
         _say(ws, False)
@@ -449,7 +509,8 @@ def test_realtime_turn_over_the_bound_is_refused_with_an_error_and_1013(voice, m
     _wait_released(app)
     text = svc.metrics.render().decode()
     assert _metric(text, 'speclive_admission_refusals_total{kind="realtime",reason="capacity"}') == 2
-    assert _metric(text, 'speclive_realtime_turns_to_first_output{mode="chat"}') >= 1
+    assert _metric(text, 'speclive_realtime_work_to_first_output_seconds{mode="chat"}') > 0
+    assert _metric(text, 'speclive_admission_open_turns{worker="chat"}') == 0
 
 
 def test_a_model_failure_mid_answer_is_an_error_and_the_session_goes_on(voice):

@@ -1,48 +1,62 @@
 """Admission by measured capacity: how long new work would wait for a model worker.
 
-Every model call runs on one worker thread per model (``worker.py``), which serves its
-foreground turns one at a time in a FIFO queue (calls once, streams one item per turn and back
-to the tail). So the wait of a new unit of work is the work queued ahead of it, and the worker
-can price that work itself:
+Every model call runs on one worker thread per model (``worker.py``). The worker serves its
+foreground units in the order of when they are *owed*: a unit is owed from the moment it is
+submitted, except the units of a realtime turn that was admitted and has not produced its
+first output yet, which are all owed from the moment the turn was admitted (and a session's
+incoming audio, which goes ahead of everything: the VAD must hear the ends of turns on time).
+So an admitted turn is not slowed by the turns admitted after it, and the wait of new work is
+the work owed before it, which the server can price:
 
-- ``TurnCosts``: the worker times every turn it runs. A call's duration goes into an
+- ``TurnCosts``: the worker times every unit it runs. A call's duration goes into an
   exponential moving average per kind of call (the function it runs: a realtime session's
   pipeline step, a Piper synthesis, a model load); a stream's turn into the stream's own
   average (a chat completion's decoder steps; a batched verification round is shared out
   among the streams it served), seeded by the average of all stream turns.
-- ``ModelWorker.wait_s()``: the rest of the turn in progress plus one turn of everything
-  queued in the foreground: when a unit submitted now would start. Background work
-  (speculation) is left out: a new foreground turn goes ahead of it.
+- ``ModelWorker.wait_s()``: the rest of the unit in progress plus one unit of everything
+  queued in the foreground. Background work (speculation) is left out: foreground work goes
+  ahead of it.
+- **Reservations** (``Admission.admit_realtime``): an admitted realtime turn reserves the
+  worker seconds a turn of its mode takes from its end to its first output (measured: the
+  moving average of what admitted turns took, ``DEFAULT_WORK_S`` until one was measured). What
+  is left of the reservations of turns still waiting for their first output is owed before
+  any new work.
 
-``Admission`` turns that into a decision. A REST request starts with one turn (a chat
+``Admission`` turns that into a decision. A REST request starts with one unit (a chat
 completion's first step, a synthesis, a transcription's first segment): its wait is the
-worker's ``wait_s``. A realtime answer is many turns, each queued behind everyone else's
-(a session's pushes and pipeline steps are calls that go back to the tail): its wait for its
-first output is ``wait_s`` times the number of turns from the end of a turn to the first audio,
-measured by the sessions themselves (``observe_turns``; 1 until a turn was measured). The
-turns of a loaded worker cost more than the averages of quieter moments said, so a realtime
-estimate is also calibrated by what followed: each admitted turn tells how long it really
-waited for its first output (``observe_wait``), and the moving average of real wait over
-estimate (learned only from estimates of at least ``CALIBRATE_FROM_S``, at least 1) scales
-later estimates. Work
-whose estimated wait exceeds the bound (``ServerConfig.max_wait_s``) is refused at once with
-``Overloaded``: a REST 503 with ``Retry-After``, a realtime ``error`` event and close 1013.
-An idle worker has nothing queued, so it admits everything whatever the machine's speed.
+worker's ``wait_s`` plus the reserved seconds. A realtime turn's wait for its first output is
+that plus its own reservation, scaled by a calibration learned from what followed: each
+admitted turn tells how long it really waited (``first_output``), and the scale tracks the
+``SCALE_QUANTILE`` quantile of real wait over estimate (learned from estimates of at least
+``CALIBRATE_FROM_S``, kept between 1 and ``MAX_SCALE``). The bound is on the time the user
+waits, so a realtime turn's estimate is added to what it has waited already (from the arrival
+of the audio that ended its speech to the moment the VAD ended the turn). Work whose estimate
+exceeds the bound (``ServerConfig.max_wait_s``) is refused at once with ``Overloaded``: a REST
+503 with ``Retry-After``, a realtime ``error`` event and close 1013. An idle worker owes
+nothing, so it admits everything whatever the machine's speed.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from speclive.server.errors import APIError
 
 #: weight of a new sample in the moving averages
 ALPHA = 0.2
+#: worker seconds a realtime turn is expected to take to its first output before one was measured
+DEFAULT_WORK_S = 1.0
 #: realtime estimates shorter than this do not teach the calibration (an idle worker's estimate
-#: is near 0, so a ratio to it says nothing about a loaded one)
-CALIBRATE_FROM_S = 1.0
+#: is its own work alone, so a ratio to it says little about a loaded one)
+CALIBRATE_FROM_S = 0.5
+#: the quantile of real wait over estimate the calibration tracks
+SCALE_QUANTILE = 0.9
+#: how far one observation moves the calibration (log scale)
+SCALE_STEP = 0.2
 #: the largest correction the calibration applies
 MAX_SCALE = 4.0
 
@@ -108,11 +122,27 @@ def wait_estimate(current: tuple[float, float] | None, queued: list[float]) -> f
     return left + sum(queued)
 
 
+@dataclass(eq=False)
+class Reservation:
+    """An admitted realtime turn waiting for its first output, and the worker seconds its units
+    have taken so far (``work_s``, added by the session as they run)."""
+
+    worker: str
+    mode: str
+    #: when it was admitted (the admission's clock)
+    admitted_t: float
+    #: the estimated wait it was admitted with (seconds from admission to its first output)
+    estimate_s: float
+    #: the same before the calibration's factor
+    base_s: float
+    work_s: float = 0.0
+
+
 class Admission:
     """Admits REST requests and realtime turns by their estimated wait (module docstring).
 
     ``wait_of(worker)`` gives the named worker's ``wait_s`` (0 for a worker not started yet);
-    ``on_refuse(kind)`` counts a refusal.
+    ``on_refuse(kind)`` counts a refusal; ``clock`` times the realtime turns' real waits.
     """
 
     def __init__(
@@ -120,59 +150,107 @@ class Admission:
         max_wait_s: float,
         wait_of: Callable[[str], float],
         on_refuse: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         #: the bound in seconds (0: no bound, everything is admitted)
         self.max_wait_s = max_wait_s
         self._wait_of = wait_of
         self._on_refuse = on_refuse
+        self._clock = clock
         self._lock = threading.Lock()
-        #: realtime mode -> average worker turns from the end of a turn to its first output
-        self._turns: dict[str, float] = {}
-        #: realtime mode -> moving average of real wait / estimated wait (``observe_wait``)
+        #: realtime mode -> moving average of the worker seconds from a turn's end to its first output
+        self._work: dict[str, float] = {}
+        #: realtime mode -> the calibration of its estimates (``first_output``)
         self._scale: dict[str, float] = {}
+        #: admitted realtime turns still waiting for their first output
+        self._open: list[Reservation] = []
 
-    def turns_to_first_output(self, mode: str) -> float:
+    # ---- what is owed -------------------------------------------------------------------
+    def work_s(self, mode: str) -> float:
+        """Worker seconds a realtime turn of ``mode`` takes to its first output."""
         with self._lock:
-            return self._turns.get(mode, 1.0)
+            return self._work.get(mode, DEFAULT_WORK_S)
 
-    def observe_turns(self, mode: str, turns: int) -> None:
-        """A realtime turn of ``mode`` waited ``turns`` worker turns for its first output."""
-        if turns >= 1:
-            with self._lock:
-                self._turns[mode] = ema(self._turns.get(mode), float(turns))
+    def reserved_s(self, worker: str) -> float:
+        """What is left of the reservations of ``worker``'s admitted turns still waiting for
+        their first output (their units go ahead of any new work)."""
+        with self._lock:
+            return sum(
+                max(0.0, self._work.get(r.mode, DEFAULT_WORK_S) - r.work_s)
+                for r in self._open
+                if r.worker == worker
+            )
 
-    def wait_s(self, worker: str, turns: float = 1.0) -> float:
-        """The estimated wait of new work on ``worker`` that needs ``turns`` turns to its first output."""
-        return self._wait_of(worker) * max(1.0, turns)
-
-    def observe_wait(self, mode: str, estimate_s: float, real_s: float) -> None:
-        """An admitted realtime turn of ``mode``, estimated at ``estimate_s``, waited ``real_s``
-        for its first output."""
-        if estimate_s >= CALIBRATE_FROM_S:
-            with self._lock:
-                ratio = min(MAX_SCALE, max(1.0, real_s / estimate_s))
-                self._scale[mode] = ema(self._scale.get(mode), ratio)
+    def open_turns(self, worker: str) -> int:
+        with self._lock:
+            return sum(r.worker == worker for r in self._open)
 
     def scale(self, mode: str) -> float:
         """The calibration of ``mode``'s realtime estimates (1 until a loaded turn was measured)."""
         with self._lock:
             return self._scale.get(mode, 1.0)
 
-    def realtime_wait_s(self, worker: str, mode: str) -> float:
-        return self.wait_s(worker, self.turns_to_first_output(mode)) * self.scale(mode)
+    def wait_s(self, worker: str) -> float:
+        """The estimated wait of a new REST request's first unit on ``worker``."""
+        return self._wait_of(worker) + self.reserved_s(worker)
 
-    def admit(self, kind: str, worker: str, turns: float = 1.0, scale: float = 1.0) -> float:
-        """Refuse (``Overloaded``) ``kind`` work whose estimated wait exceeds the bound; returns
-        the estimate of admitted work."""
-        wait = self.wait_s(worker, turns) * scale
-        if self.max_wait_s <= 0:
-            return wait
-        if wait > self.max_wait_s:
-            if self._on_refuse is not None:
-                self._on_refuse(kind)
-            what = "realtime turn" if kind == "realtime" else f"{kind} request"
-            raise Overloaded(what, wait, self.max_wait_s)
+    def realtime_wait_s(self, worker: str, mode: str) -> float:
+        """The estimated wait of a realtime turn of ``mode`` ending now for its first output."""
+        return (self.wait_s(worker) + self.work_s(mode)) * self.scale(mode)
+
+    # ---- decisions ----------------------------------------------------------------------
+    def _refuse(self, kind: str, wait: float) -> Overloaded:
+        if self._on_refuse is not None:
+            self._on_refuse(kind)
+        what = "realtime turn" if kind == "realtime" else f"{kind} request"
+        return Overloaded(what, wait, self.max_wait_s)
+
+    def admit(self, kind: str, worker: str) -> float:
+        """Refuse (``Overloaded``) a ``kind`` REST request whose estimated wait exceeds the
+        bound; returns the estimate of admitted work."""
+        wait = self.wait_s(worker)
+        if 0 < self.max_wait_s < wait:
+            raise self._refuse(kind, wait)
         return wait
 
-    def admit_realtime(self, worker: str, mode: str) -> float:
-        return self.admit("realtime", worker, self.turns_to_first_output(mode), self.scale(mode))
+    def check_realtime(self, worker: str, mode: str, waited_s: float = 0.0) -> float:
+        """Refuse (``Overloaded``) a realtime turn of ``mode`` ending now, whose user has waited
+        ``waited_s`` already, when that plus its estimate exceeds the bound; returns the sum.
+        Reserves nothing (a new session is checked this way when it connects)."""
+        wait = waited_s + self.realtime_wait_s(worker, mode)
+        if 0 < self.max_wait_s < wait:
+            raise self._refuse("realtime", wait)
+        return wait
+
+    def admit_realtime(self, worker: str, mode: str, waited_s: float = 0.0) -> Reservation:
+        """Admit a realtime turn of ``mode`` that ended now, after its user has waited
+        ``waited_s`` already, or refuse it (``Overloaded``) when that plus its estimate exceeds
+        the bound. The reservation is open until ``first_output`` or ``withdraw``."""
+        estimate = self.check_realtime(worker, mode, waited_s) - waited_s
+        res = Reservation(worker, mode, self._clock(), estimate, estimate / self.scale(mode))
+        with self._lock:
+            self._open.append(res)
+        return res
+
+    def first_output(self, res: Reservation) -> None:
+        """``res``'s turn produced its first output: its reservation closes, its work teaches the
+        average and its real wait the calibration."""
+        real = self._clock() - res.admitted_t
+        with self._lock:
+            if res not in self._open:
+                return
+            self._open.remove(res)
+            if res.work_s > 0:
+                self._work[res.mode] = ema(self._work.get(res.mode), res.work_s)
+            if res.base_s >= CALIBRATE_FROM_S:
+                old = self._scale.get(res.mode, 1.0)
+                up = real > old * res.base_s
+                step = SCALE_STEP * (SCALE_QUANTILE if up else SCALE_QUANTILE - 1)
+                self._scale[res.mode] = min(MAX_SCALE, max(1.0, old * math.exp(step)))
+
+    def withdraw(self, res: Reservation) -> None:
+        """``res``'s turn ended without its first output (cancelled, taken up again, failed, its
+        session closed): its reservation closes, teaching nothing."""
+        with self._lock:
+            if res in self._open:
+                self._open.remove(res)

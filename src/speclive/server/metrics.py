@@ -9,10 +9,13 @@ leak (the reliability benchmarks read them before and after).
 Admission (``capacity.py``): ``speclive_admission_max_wait_seconds`` is the bound,
 ``speclive_worker_wait_seconds`` each worker's estimated wait before a new foreground turn
 starts, ``speclive_admission_wait_seconds`` the wait admission would estimate now for a new
-request or realtime turn of each kind, ``speclive_realtime_turns_to_first_output`` the measured
-worker turns from the end of a realtime turn to its first output, and
-``speclive_admission_refusals_total`` the refusals by kind and reason (``capacity``: the
-estimated wait was over the bound; ``sessions``: every session slot was taken).
+request or realtime turn of each kind, ``speclive_admission_reserved_seconds`` and
+``speclive_admission_open_turns`` what admitted realtime turns still owe before their first
+output, ``speclive_realtime_work_to_first_output_seconds`` the measured worker seconds from the
+end of a realtime turn to its first output, ``speclive_admission_calibration`` the factor learned
+from the waits that followed, and ``speclive_admission_refusals_total`` the refusals by kind
+and reason (``capacity``: the estimated wait was over the bound; ``sessions``: every session
+slot was taken).
 """
 
 from __future__ import annotations
@@ -116,9 +119,27 @@ class Metrics:
             ["kind"],
             registry=r,
         )
-        self.turns_to_output = Gauge(
-            "speclive_realtime_turns_to_first_output",
-            "Worker turns from the end of a realtime turn to its first output (moving average), by mode",
+        self.reserved = Gauge(
+            "speclive_admission_reserved_seconds",
+            "Worker seconds still reserved by admitted realtime turns waiting for their first output",
+            ["worker"],
+            registry=r,
+        )
+        self.open_turns = Gauge(
+            "speclive_admission_open_turns",
+            "Admitted realtime turns waiting for their first output",
+            ["worker"],
+            registry=r,
+        )
+        self.work_to_output = Gauge(
+            "speclive_realtime_work_to_first_output_seconds",
+            "Worker seconds from the end of a realtime turn to its first output (moving average), by mode",
+            ["mode"],
+            registry=r,
+        )
+        self.calibration = Gauge(
+            "speclive_admission_calibration",
+            "Factor on realtime estimates learned from the waits that followed (p90 of real/estimate)",
             ["mode"],
             registry=r,
         )

@@ -145,7 +145,7 @@ async def realtime(ws: WebSocket) -> None:
     beta = "openai-beta.realtime-v1" in offered or "realtime=v1" in (ws.headers.get("openai-beta") or "")
     await ws.accept(subprotocol=sub)
     try:
-        svc.admission.admit_realtime("chat", "chat")
+        svc.admission.check_realtime("chat", "chat")
         slot = svc.sessions.acquire("realtime")
     except APIError as e:
         if e.code != "server_overloaded":

@@ -9,11 +9,15 @@ The compute loop also keeps the server's promises about turns:
 
 - **Admission.** When the pipeline ends a turn, the answer becomes foreground work the user
   waits for. Before the pipeline computes it, the turn is admitted by measured capacity
-  (``capacity.Admission``): one that would wait past ``max_wait_s`` for its first output is
-  refused with an ``error`` event (``server_overloaded``) and close 1013. An admitted turn is
-  never refused again (a turn the user takes up again stays admitted); it is answered, or
-  cancelled by its client. The loop counts the worker turns each admitted turn waits for its
-  first output (the answer's audio), which admission multiplies the worker's wait by.
+  (``capacity.Admission``): one whose user would wait past ``max_wait_s`` for its first output
+  (counted from the arrival of the audio where their speech ended) is refused with an ``error``
+  event (``server_overloaded``) and close 1013. An admitted turn is never refused again (a turn
+  the user takes up again stays admitted); it is answered, or cancelled by its client.
+- **Order on the worker.** Incoming audio goes ahead of everything (``URGENT``). Until its
+  first output (the answer's audio), an admitted turn's units are owed from its admission, so
+  the turns admitted after it wait for it rather than share the worker with it; the loop adds
+  the worker seconds they take to the turn's reservation. After its first output the rest of
+  the answer queues like any other work.
 - **Faults.** A pipeline unit that raises (a model failing mid-answer) does not end the
   session: the client gets an ``error`` event (``server_error``), the response in progress ends
   as ``failed``, and a fresh pipeline with the same settings and the conversation so far takes
@@ -29,6 +33,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
@@ -40,11 +45,12 @@ from speclive.live.build import LiveModels
 from speclive.live.pipeline import LivePipeline
 from speclive.live.vad import TurnConfig
 from speclive.server.audio import resample
-from speclive.server.capacity import Overloaded
+from speclive.server.capacity import Overloaded, Reservation
 from speclive.server.ratelimit import TokenBucket
 from speclive.server.realtime_conversation import Conversation
 from speclive.server.realtime_protocol import BETA_NAMES, CLOSE_OVERLOADED, CLOSE_SLOW, ProtocolError, new_id
 from speclive.server.realtime_settings import SessionClock, SessionSettings, apply_update, pipeline_for
+from speclive.server.worker import URGENT
 
 log = logging.getLogger("speclive.server")
 
@@ -56,11 +62,6 @@ MAX_APPEND_BYTES = 15 * 1024 * 1024
 MAX_BACKLOG_S = 30.0
 #: pipeline units failing one after the other past which the session ends (close 1011)
 MAX_FAILURES = 3
-
-
-def ends_turn(events: list[ev.Event] | None) -> bool:
-    """Whether ``events`` hold the end of a turn (its answer is due)."""
-    return any(isinstance(e, ev.SpeechStopped) and e.end_of_turn for e in events or ())
 
 
 def decode_audio(b64: Any, rate: int) -> np.ndarray:
@@ -100,6 +101,12 @@ class RealtimeSession:
         self.settings = SessionSettings()
         self.pipeline: LivePipeline | None = None
         self.audio: list[np.ndarray] = []
+        #: when each chunk of ``audio`` arrived (``time.monotonic``)
+        self.arrived: list[float] = []
+        #: (end sample in the pipeline's input, arrival time) of the chunks pushed lately
+        self.pushed: deque[tuple[int, float]] = deque(maxlen=2048)
+        #: the input time (s) where the speech of the turn the pipeline just ended stopped
+        self.turn_end_audio_t: float | None = None
         self.wake = asyncio.Event()
         self.closed = False
         self.conversation = Conversation(self.send, self.error, lambda: self.settings)
@@ -110,11 +117,10 @@ class RealtimeSession:
         self.admitting = False
         #: the last turn admitted (the pipeline's turn object)
         self.admitted_turn: Any = None
-        #: worker turns the admitted turn has waited so far for its first output (None: not
-        #: counting)
-        self.output_turns: int | None = None
-        #: when the turn in progress was admitted, and its estimated wait for its first output
-        self.admitted_at: tuple[float, float] | None = None
+        #: the admitted turn's reservation while it waits for its first output
+        self.reservation: Reservation | None = None
+        #: when that turn's units are owed from on the worker (its admission, worker clock)
+        self.owed_since: float | None = None
         #: why the turn that just ended was refused
         self.refused: Overloaded | None = None
 
@@ -174,6 +180,7 @@ class RealtimeSession:
         """A new pipeline for the settings (the old one is dropped); ``keep_history``: it goes on
         with the old one's conversation history (where the pipeline keeps one)."""
         old, self.pipeline = self.pipeline, None
+        self.pushed.clear()  # the new pipeline's input starts again at 0
         worker = self.svc.worker("chat")
         if old is not None:  # a session.update that needs another pipeline, or a failed one: free it
             try:
@@ -195,6 +202,7 @@ class RealtimeSession:
         work (its clock passes every deadline), and no other unit starts."""
         self.closed = True
         self.wake.set()
+        self._withdraw()
         clock = getattr(self.pipeline, "clock", None)
         if isinstance(clock, SessionClock):
             clock.expire()
@@ -204,68 +212,101 @@ class RealtimeSession:
         emits; sleep while there is nothing to do. A turn that ends is admitted first; a unit
         that fails is reported and the session goes on (module docstring)."""
         worker = self.svc.worker("chat")
-        failures = 0
-        while not self.closed:
-            try:
-                events, out = await self._compute(worker)
-            except Exception:
-                failures += 1
-                log.exception("realtime session %s: the pipeline failed", self.id)
-                if failures >= MAX_FAILURES:
-                    raise
-                await self._recover()
-                continue
+        try:
             failures = 0
-            for e in events:
-                self._observe_output(e)
-                await self.conversation.on_event(e)
-            if self.refused is not None:
-                await self._refuse(self.refused)
-                return
-            if self.pending is not None and not self.busy():
-                self.settings, self.pending = self.pending, None
-                await self.start_pipeline()
-                await self.send_session("session.updated")
-                continue
-            if not events and not self.audio and out is None:
-                self.wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), timeout=0.5)
+            while not self.closed:
+                try:
+                    events, out = await self._compute(worker)
+                except Exception:
+                    failures += 1
+                    log.exception("realtime session %s: the pipeline failed", self.id)
+                    if failures >= MAX_FAILURES:
+                        raise
+                    await self._recover()
+                    continue
+                failures = 0
+                for e in events:
+                    self._observe_output(e)
+                    await self.conversation.on_event(e)
+                if self.refused is not None:
+                    await self._refuse(self.refused)
+                    return
+                if self.pending is not None and not self.busy():
+                    self.settings, self.pending = self.pending, None
+                    await self.start_pipeline()
+                    await self.send_session("session.updated")
+                    continue
+                if not events and not self.audio and out is None:
+                    self.wake.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.wake.wait(), timeout=0.5)
+        finally:
+            self._withdraw()  # however the loop ends, its turn no longer owes
 
     async def _compute(self, worker: Any) -> tuple[list[ev.Event], list[ev.Event] | None]:
         """The audio that arrived into the pipeline, a turn it ended admitted, then one unit of
         compute: all the events, and the unit's (None: nothing was computed)."""
         pipe = self.pipeline
         chunks, self.audio = self.audio, []
+        arrived, self.arrived = self.arrived, []
         events: list[ev.Event] = []
         if pipe is None:
             return events, None
         if chunks:
-            self._count_turn()
-            events += await worker.call(pipe.push, np.concatenate(chunks))
-        self.admitting = self.admitting or ends_turn(events)
-        if self.admitting and not self._admit(pipe):
+            self._note_arrivals(pipe, chunks, arrived)
+            events += await worker.call_since(URGENT, pipe.push, np.concatenate(chunks))
+        self._note_turn_end(events)
+        if self.admitting and not self._admit(pipe, worker):
             return events, None
         out = await self._step(worker, pipe)
-        self.admitting = self.admitting or ends_turn(out)
+        self._note_turn_end(out)
         return events + (out or []), out
 
     # ---- admission and faults -----------------------------------------------------------
-    def _admit(self, pipe: LivePipeline) -> bool:
+    def _note_arrivals(self, pipe: LivePipeline, chunks: list[np.ndarray], arrived: list[float]) -> None:
+        """Where the chunks about to be pushed end in the pipeline's input, and when they came."""
+        end = getattr(pipe, "received", 0)
+        for chunk, t in zip(chunks, arrived, strict=True):
+            end += len(chunk)
+            self.pushed.append((end, t))
+
+    def _note_turn_end(self, events: list[ev.Event] | None) -> None:
+        """The pipeline ended a turn: it is to be admitted; where its speech stopped."""
+        for e in events or ():
+            if isinstance(e, ev.SpeechStopped) and e.end_of_turn:
+                self.admitting = True
+                self.turn_end_audio_t = e.audio_t
+
+    def _waited(self) -> float:
+        """Seconds since the audio where the ended turn's speech stopped arrived (0: unknown)."""
+        if self.turn_end_audio_t is None:
+            return 0.0
+        sample = self.turn_end_audio_t * 16_000
+        came = next((t for end, t in self.pushed if end >= sample), None)
+        return max(0.0, time.monotonic() - came) if came is not None else 0.0
+
+    def _admit(self, pipe: LivePipeline, worker: Any) -> bool:
         """Admit the turn the pipeline just ended, or note why it is refused (``refused``)."""
         self.admitting = False
+        if self.closed:
+            return False
         turn = getattr(pipe, "turn", None)
         if turn is not None and turn is self.admitted_turn:
             return True  # taken up again and ended again: it was admitted already
+        self._withdraw()
         try:
-            estimate = self.svc.admission.admit_realtime("chat", self.settings.mode)
+            res = self.svc.admission.admit_realtime("chat", self.settings.mode, self._waited())
         except Overloaded as refusal:
             self.refused = refusal
             return False
-        self.admitted_turn = turn
-        self.output_turns = 0
-        self.admitted_at = (time.monotonic(), estimate)
+        self.admitted_turn, self.reservation, self.owed_since = turn, res, worker.now()
         return True
+
+    def _withdraw(self) -> None:
+        """The admitted turn will not produce its first output: its reservation closes."""
+        if self.reservation is not None:
+            self.svc.admission.withdraw(self.reservation)
+        self.reservation = self.owed_since = None
 
     async def _refuse(self, refusal: Overloaded) -> None:
         """The turn that just ended cannot be answered in time: ``error`` and close 1013."""
@@ -273,14 +314,9 @@ class RealtimeSession:
         self.close_with = (CLOSE_OVERLOADED, f"server overloaded; retry in {refusal.retry_after} s")
         self.closed = True
 
-    def _count_turn(self) -> None:
-        """The loop is about to wait for one worker turn."""
-        if self.output_turns is not None:
-            self.output_turns += 1
-
     def _observe_output(self, e: ev.Event) -> None:
-        """The worker turns an admitted turn waited for its first output, told to admission."""
-        if self.output_turns is None:
+        """The admitted turn's first output closes its reservation (admission learns from it)."""
+        if self.reservation is None:
             return
         mode = self.settings.mode
         if mode == "chat":
@@ -290,13 +326,10 @@ class RealtimeSession:
         else:
             first = (ev.TranslationUpdate,) if mode == "translate" else (ev.TranscriptFinal,)
         if isinstance(e, first):
-            self.svc.admission.observe_turns(mode, self.output_turns)
-            if self.admitted_at is not None:
-                t0, estimate = self.admitted_at
-                self.svc.admission.observe_wait(mode, estimate, time.monotonic() - t0)
-            self.output_turns = self.admitted_at = None
+            self.svc.admission.first_output(self.reservation)
+            self.reservation = self.owed_since = None
         elif isinstance(e, ev.TurnMetrics | ev.Interrupted):
-            self.output_turns = None  # the turn ended without that output
+            self._withdraw()  # the turn ended without that output
 
     async def _recover(self) -> None:
         """A pipeline unit raised: the client is told, the answer in progress ends as failed,
@@ -304,7 +337,8 @@ class RealtimeSession:
         what = "the server failed while computing this turn; the session goes on"
         await self.error("server_error", what, type_="server_error")
         await self.conversation.fail_response()
-        self.admitting, self.admitted_turn, self.output_turns = False, None, None
+        self.admitting, self.admitted_turn = False, None
+        self._withdraw()
         await self.start_pipeline(keep_history=True)
 
     async def _step(self, worker: Any, pipe: LivePipeline) -> list[ev.Event] | None:
@@ -312,13 +346,21 @@ class RealtimeSession:
         turns other users wait on; while it is still queued, audio that arrives goes first (the
         VAD must hear the end of the turn on time) and the unit is asked for again after it."""
 
+        res = self.reservation
+
         def unit(p: Any = pipe) -> list[ev.Event] | None:
             if self.closed:  # the session ended while this unit waited for its turn
                 return None
-            return p.step(p.clock() + STEP_S)
+            t0 = time.perf_counter()
+            try:
+                return p.step(p.clock() + STEP_S)
+            finally:
+                if res is not None:
+                    res.work_s += time.perf_counter() - t0
 
         if not pipe.background:
-            self._count_turn()
+            if self.owed_since is not None:
+                return await worker.call_since(self.owed_since, unit)
             return await worker.call(unit)
         fut = worker.submit_background(unit)
         while not fut.running() and not fut.done():
@@ -397,6 +439,7 @@ class RealtimeSession:
                 "audio",
             )
         self.audio.append(x)
+        self.arrived.append(time.monotonic())
         self.wake.set()
 
     async def _commit(self, msg: dict) -> None:
@@ -404,10 +447,11 @@ class RealtimeSession:
             # the client says the turn is over: the VAD hears the silence that ends a turn
             end_s = self.pipeline.cfg.turn.end_s if self.pipeline is not None else 0.5
             self.audio.append(np.zeros(int((end_s + 0.2) * 16_000), np.float32))
+            self.arrived.append(time.monotonic())
             self.wake.set()
 
     async def _clear(self, msg: dict) -> None:
-        self.audio = []
+        self.audio, self.arrived = [], []
         await self.send("input_audio_buffer.cleared")
 
     async def _response_create(self, msg: dict) -> None:

@@ -103,7 +103,7 @@ class Services:
         self.metrics.refusals.labels(kind=kind, reason="capacity").inc()
 
     def _watch_admission(self) -> None:
-        """The bound, the estimated waits and the realtime turn counts, read at each scrape."""
+        """The bound, the estimated waits, the reservations and the calibration, read at each scrape."""
         m = self.metrics
         m.max_wait.set(self.config.max_wait_s)
         for kind in KINDS:
@@ -113,10 +113,11 @@ class Services:
         m.admission_wait.labels(kind="realtime").set_function(
             lambda: self.admission.realtime_wait_s("chat", "chat")
         )
+        m.reserved.labels(worker="chat").set_function(lambda: self.admission.reserved_s("chat"))
+        m.open_turns.labels(worker="chat").set_function(lambda: self.admission.open_turns("chat"))
         for mode in LIVE_MODES:
-            m.turns_to_output.labels(mode=mode).set_function(
-                lambda mode=mode: self.admission.turns_to_first_output(mode)
-            )
+            m.work_to_output.labels(mode=mode).set_function(lambda mode=mode: self.admission.work_s(mode))
+            m.calibration.labels(mode=mode).set_function(lambda mode=mode: self.admission.scale(mode))
 
     def admit(self, kind: str) -> None:
         """Refuse a ``kind`` request at once (503 ``server_overloaded`` with ``Retry-After``)

@@ -2,7 +2,7 @@
 
 A llama.cpp context (and a Whisper or Piper session) must be used from one thread at a time,
 so every call into a model runs on that model's ``ModelWorker`` thread. The thread serves one
-FIFO queue of *turns*:
+queue of *turns*:
 
 - a **call** (``submit`` / ``call``) is one turn: a function run to completion (a Piper
   synthesis, a whole-file transcription, a model load);
@@ -10,6 +10,12 @@ FIFO queue of *turns*:
   chat generation, one pass of a streaming transcription); after its turn it goes back to the
   tail of the queue. Active streams therefore advance round-robin, interleaved with calls in
   arrival order, and one long generation cannot starve the others;
+- **what is owed first runs first**: each foreground unit is owed from a moment, by default
+  when it was submitted (a stream's next item: when it went back to the queue), and the worker
+  takes the unit owed the longest (ties: in the order they came). ``submit_since(since, …)``
+  owes a call from an earlier moment: the units of a realtime turn admitted at ``since`` (they
+  go ahead of the work that came after the admission), or ``URGENT`` (a session's incoming
+  audio, ahead of everything). Without ``since`` the queue is plain FIFO;
 - a **background call** (``submit_background`` / ``call_background``) is work nobody waits for
   yet: a live session's speculation while its user is still speaking. It runs only when no
   other turn is queued, so on a busy server speculation gives way to the answers users wait
@@ -40,7 +46,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -52,6 +60,9 @@ from speclive.server.capacity import TurnCosts, ema, wait_estimate
 
 T = TypeVar("T")
 log = logging.getLogger("speclive.server")
+
+#: ``since`` of the work that goes ahead of everything else (ties keep their order)
+URGENT = -math.inf
 
 
 class _End:
@@ -88,6 +99,9 @@ class _Call:
         self.fn, self.args, self.kwargs, self.future = fn, args, kwargs, future
         #: the kind of call its cost is averaged under: the function it runs
         self.key = getattr(fn, "__qualname__", type(fn).__name__)
+        #: when the call is owed from, and its place among calls owed from the same moment
+        self.since = 0.0
+        self.seq = 0
 
 
 class Stream(Generic[T]):
@@ -115,6 +129,9 @@ class Stream(Generic[T]):
         self._parked: Batched | None = None
         #: moving average of this stream's turns in seconds (None before its first)
         self.turn_s: float | None = None
+        #: when its next item is owed from (it went back to the queue), and its place in line
+        self.since = 0.0
+        self.seq = 0
 
     # ---- asyncio side -----------------------------------------------------------------
     async def next(self) -> T:
@@ -224,6 +241,7 @@ class ModelWorker:
         #: what the turns take (timed with ``clock``)
         self.costs = TurnCosts()
         self._clock = clock
+        self._seq = itertools.count()
         self._thread = threading.Thread(target=self._loop, name=f"speclive-{name}", daemon=True)
         self._thread.start()
 
@@ -237,6 +255,22 @@ class ModelWorker:
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``submit`` awaited from asyncio (the event loop keeps running meanwhile)."""
         return await asyncio.wrap_future(self.submit(fn, *args, **kwargs))
+
+    def submit_since(
+        self, since: float, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
+        """``submit``, owed from ``since`` (``now()``'s clock; ``URGENT``: ahead of everything)."""
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._put(_Call(fn, args, kwargs, fut), since=since)
+        return fut
+
+    async def call_since(self, since: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``submit_since`` awaited from asyncio."""
+        return await asyncio.wrap_future(self.submit_since(since, fn, *args, **kwargs))
+
+    def now(self) -> float:
+        """The worker's clock (what ``since`` is measured on)."""
+        return self._clock()
 
     def submit_background(
         self, fn: Callable[..., T], *args: Any, **kwargs: Any
@@ -281,10 +315,22 @@ class ModelWorker:
             return self.costs.stream_s(task.turn_s)
         return self.costs.call_s(task.key)
 
-    def _put(self, task: _Call | Stream[Any], background: bool = False) -> None:
+    def _owed(self, task: _Call | Stream[Any], since: float | None = None) -> None:
+        """``task`` is owed from ``since`` (default: now) and goes after everything owed as long."""
+        task.since = self._clock() if since is None else since
+        task.seq = next(self._seq)
+
+    def _next(self) -> _Call | Stream[Any]:
+        """Take the queued foreground unit owed the longest (called with ``_cv`` held)."""
+        task = min(self._queue, key=lambda t: (t.since, t.seq))
+        self._queue.remove(task)
+        return task
+
+    def _put(self, task: _Call | Stream[Any], background: bool = False, since: float | None = None) -> None:
         with self._cv:
             if self._closed:
                 raise RuntimeError(f"the {self.name} worker is closed")
+            self._owed(task, since)
             if background:
                 assert isinstance(task, _Call)
                 # withdrawn calls (cancelled futures) leave the queue here: a busy worker never
@@ -308,7 +354,7 @@ class ModelWorker:
                     self._cv.wait()
                 if not self._queue and not self._background:  # closed and drained
                     return
-                task = self._queue.popleft() if self._queue else self._background.popleft()
+                task = self._next() if self._queue else self._background.popleft()
                 self._current = task
                 self._current_t0 = t0 = self._clock()
             again: bool | Batched = False
@@ -326,6 +372,7 @@ class ModelWorker:
             with self._cv:
                 self._current = None
                 if again:
+                    self._owed(task)
                     self._queue.append(task)
 
     def _timed(self, stream: Stream[Any], seconds: float) -> None:
@@ -379,7 +426,9 @@ class ModelWorker:
         order = {id(s): i for i, s in enumerate(served)}
         with self._cv:
             self._round = []
-            self._queue.extend(sorted(again, key=lambda s: order[id(s)]))
+            for s in sorted(again, key=lambda s: order[id(s)]):
+                self._owed(s)
+                self._queue.append(s)
 
     @staticmethod
     def _run_call(call: _Call) -> bool:
