@@ -11,6 +11,8 @@ Sub-commands:
   (``speclive_bench.scale``); writes ``scale-<tag>.{json,md,png}``.
 - ``all-small``: a quick preset of ``decode`` (SmolLM2 on llama.cpp, 2 prompts per set,
   32 tokens) to check that everything runs.
+- ``tables``: the README's status table and benchmarks/README.md's result tables, generated
+  from the result files (``speclive_bench.tables``; ``--check`` only compares).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from speclive_bench import (
     soak,
     speechlm,
     ssbd,
+    tables,
     talon,
     turns,
 )
@@ -102,6 +105,8 @@ def add_bench_parser(subparsers: Any) -> None:
     scale.add_scale_bench_parser(sub)
 
     turns.add_turns_bench_parser(sub)
+
+    tables.add_tables_parser(sub)
 
 
 #: the options class of each ``bench`` sub-command whose options class is its own

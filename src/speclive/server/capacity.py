@@ -54,7 +54,7 @@ DEFAULT_WORK_S = 1.0
 #: is its own work alone, so a ratio to it says little about a loaded one)
 CALIBRATE_FROM_S = 0.5
 #: the quantile of real wait over estimate the calibration tracks
-SCALE_QUANTILE = 0.9
+SCALE_QUANTILE = 0.98
 #: how far one observation moves the calibration (log scale)
 SCALE_STEP = 0.2
 #: the largest correction the calibration applies

@@ -139,7 +139,7 @@ class Metrics:
         )
         self.calibration = Gauge(
             "speclive_admission_calibration",
-            "Factor on realtime estimates learned from the waits that followed (p90 of real/estimate)",
+            "Factor on realtime estimates learned from the waits that followed (p98 of real/estimate)",
             ["mode"],
             registry=r,
         )
