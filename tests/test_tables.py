@@ -1,0 +1,91 @@
+"""The generated tables (``speclive bench tables``): the committed blocks in README.md and
+benchmarks/README.md are what the result files give, every result file a doc cites exists, the
+status column holds one of three words, and only a clean provenance makes a result current."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from speclive_bench import tables
+from speclive_bench.tables import STATUSES, TableError, block, check, check_links, extract
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_committed_tables_come_from_the_result_files() -> None:
+    """``speclive bench tables --check`` on the checkout: no stale block, no missing file."""
+    assert check(ROOT) == []
+    assert tables.main(["--check", "--root", str(ROOT)]) == 0
+
+
+def test_status_column_and_the_files_it_cites() -> None:
+    status = block((ROOT / "README.md").read_text(), "status").strip().splitlines()
+    assert status[0].startswith("| feature | target | status |")
+    rows = [line.split(" | ") for line in status[2:]]
+    assert rows and all(r[2] in STATUSES for r in rows)
+    for r in rows:
+        cited = [p for p in r[3].split("`") if p.startswith("benchmarks/results/")]
+        assert cited, r
+        assert all((ROOT / p).is_file() for p in cited)
+        # a current figure cites a current file, "no current figure" only archived ones
+        assert all(("/archive/" in p) == (r[2] == STATUSES[2]) for p in cited if "history" not in r[3])
+
+
+def test_only_a_clean_provenance_is_current() -> None:
+    current = tables.results(ROOT / tables.RESULTS)
+    assert all(r.current for r in current.values()), [s for s, r in current.items() if not r.current]
+    archived = tables.results(ROOT / tables.RESULTS / "archive")
+    assert archived and not any(r.current for r in archived.values())
+
+
+def test_figure_paths() -> None:
+    doc = {"summary": [{"set": "a", "m": "x b=0.2", "v": 1}, {"set": "b", "m": "x b=0.2", "v": [5, 6]}]}
+    assert extract(doc, "summary[set=a,m=x b=0.2].v") == 1
+    assert extract(doc, "summary[set=b].v.1") == 6
+    with pytest.raises(TableError):
+        extract(doc, "summary[set=c].v")
+
+
+def _tree(tmp_path: Path, clean: bool) -> Path:
+    """A small checkout: one result, one archived result, a spec and the two READMEs."""
+    res = tmp_path / "benchmarks" / "results"
+    (res / "archive").mkdir(parents=True)
+    prov = {"commit": "a" * 40, "clean": clean, "cpu": {"name": "CPU", "detail": "avx2"}, "created": "now"}
+    (res / "soak-x.json").write_text(json.dumps({"provenance": prov, "summary": {"errors": 2}}))
+    (res / "archive" / "soak-old.json").write_text(json.dumps({"summary": {"errors": 0}}))
+    (res / "archive" / "README.md").write_text("# archived\n")
+    (tmp_path / "benchmarks" / "tables.toml").write_text(
+        '[[status]]\nfeature = "f"\ntarget = "t"\nfile = "soak-x.json"\nfigure = "summary.errors"\n'
+        'format = "{} errors"\nat_most = 0\n[[status.history]]\nfile = "archive/soak-old.json"\n'
+        'figure = "summary.errors"\n'
+    )
+    (tmp_path / "README.md").write_text("<!-- tables:begin status -->\n<!-- tables:end status -->\n")
+    (tmp_path / "benchmarks" / "README.md").write_text(
+        "`soak-x.json` `results/archive/soak-old.json` `soak-gone.md` archive/nothing.json\n"
+        "<!-- tables:begin current -->\n<!-- tables:end current -->\n"
+        "<!-- tables:begin archived -->\n<!-- tables:end archived -->\n"
+    )
+    return tmp_path
+
+
+def test_generate_then_check(tmp_path: Path) -> None:
+    root = _tree(tmp_path, clean=True)
+    assert any("differs" in p for p in check(root))
+    assert tables.main(["--root", str(root)]) == 0
+    status = block((root / "README.md").read_text(), "status")
+    assert "| f | t | target missed | 2 errors (`benchmarks/results/soak-x.json`); history: 0 " in status
+    assert "archive/soak-old.json" in block((root / "benchmarks/README.md").read_text(), "archived")
+    assert sorted(check_links(root)) == [
+        "benchmarks/README.md:1: archive/nothing.json",
+        "benchmarks/README.md:1: soak-gone.md",
+    ]
+
+
+def test_a_dirty_result_is_no_current_figure(tmp_path: Path) -> None:
+    root = _tree(tmp_path, clean=False)
+    with pytest.raises(TableError, match="not a current result"):
+        tables.blocks(root)
+    assert tables.main(["--root", str(root)]) == 2
