@@ -35,8 +35,7 @@ def test_status_column_and_the_files_it_cites() -> None:
 
 
 def test_only_a_clean_provenance_is_current() -> None:
-    current = tables.results(ROOT / tables.RESULTS)
-    assert all(r.current for r in current.values()), [s for s, r in current.items() if not r.current]
+    assert tables.unprovenanced(ROOT) == []
     archived = tables.results(ROOT / tables.RESULTS / "archive")
     assert archived and not any(r.current for r in archived.values())
 
@@ -53,7 +52,8 @@ def _tree(tmp_path: Path, clean: bool) -> Path:
     """A small checkout: one result, one archived result, a spec and the two READMEs."""
     res = tmp_path / "benchmarks" / "results"
     (res / "archive").mkdir(parents=True)
-    prov = {"commit": "a" * 40, "clean": clean, "cpu": {"name": "CPU", "detail": "avx2"}, "created": "now"}
+    prov = {"commit": "a" * 40, "clean": clean, "cpu": {"name": "CPU", "detail": "avx2"}}
+    prov |= {"kernel": "6.1", "command": "speclive bench soak", "created": "now"}
     (res / "soak-x.json").write_text(json.dumps({"provenance": prov, "summary": {"errors": 2}}))
     (res / "archive" / "soak-old.json").write_text(json.dumps({"summary": {"errors": 0}}))
     (res / "archive" / "README.md").write_text("# archived\n")
@@ -73,6 +73,7 @@ def _tree(tmp_path: Path, clean: bool) -> Path:
 
 def test_generate_then_check(tmp_path: Path) -> None:
     root = _tree(tmp_path, clean=True)
+    assert tables.unprovenanced(root) == []
     assert any("differs" in p for p in check(root))
     assert tables.main(["--root", str(root)]) == 0
     status = block((root / "README.md").read_text(), "status")
@@ -86,6 +87,14 @@ def test_generate_then_check(tmp_path: Path) -> None:
 
 def test_a_dirty_result_is_no_current_figure(tmp_path: Path) -> None:
     root = _tree(tmp_path, clean=False)
+    assert tables.unprovenanced(root) == [
+        "benchmarks/results/soak-x.json: not from a clean tree "
+        "(re-run it from a clean tree, or move it to archive/)"
+    ]
+    (root / "benchmarks/results/notes.md").write_text("# a report without provenance\n")
+    assert "benchmarks/results/notes.md: no commit, clean, kernel, command, created, cpu or gpu" in " ".join(
+        tables.unprovenanced(root)
+    )
     with pytest.raises(TableError, match="not a current result"):
         tables.blocks(root)
     assert tables.main(["--root", str(root)]) == 2

@@ -11,7 +11,8 @@ everything in ``benchmarks/results/archive/`` predates provenance and is history
 The generated blocks sit between ``<!-- tables:begin NAME -->`` and ``<!-- tables:end NAME -->``
 markers: ``status`` in README.md, ``current`` and ``archived`` in benchmarks/README.md. Without
 options the command rewrites them; ``--check`` exits 1 when a committed block differs from what
-the files give, or when a doc cites a result file that does not exist (``check_links``).
+the files give, when a doc cites a result file that does not exist (``check_links``), or when a
+file in ``benchmarks/results`` lacks a full provenance from a clean tree (``unprovenanced``).
 
 A figure is a path into the JSON: dotted keys, ``name[key=value,...]`` picks the first element
 of a list whose fields equal those values (compared as text), a number indexes a list, e.g.
@@ -391,9 +392,28 @@ def check_links(root: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ command
+#: what a result's provenance must name (``cpu`` or ``gpu``: the machine)
+PROVENANCE_KEYS = ("commit", "clean", "kernel", "command", "created")
+
+
+def unprovenanced(root: Path) -> list[str]:
+    """The results in ``benchmarks/results`` without a full provenance from a clean tree."""
+    out = []
+    for r in results(root / RESULTS).values():
+        pv = r.provenance or {}
+        missing = [k for k in PROVENANCE_KEYS if not pv.get(k)]
+        if not (pv.get("cpu") or pv.get("gpu")):
+            missing.append("cpu or gpu")
+        if missing or not r.current:
+            why = "not from a clean tree" if pv.get("clean") is False else f"no {', '.join(missing)}"
+            out.append(f"{RESULTS}/{r.main}: {why} (re-run it from a clean tree, or move it to archive/)")
+    return out
+
+
 def check(root: Path) -> list[str]:
-    """What ``--check`` reports: stale generated blocks and mentions of missing result files."""
-    problems = [
+    """What ``--check`` reports: results without a full clean provenance, stale generated blocks
+    and mentions of missing result files."""
+    problems = unprovenanced(root) + [
         f"{path}: a generated block differs from what the result files give (run `speclive bench tables`)"
         for path, text in render(root).items()
         if (root / path).read_text() != text
