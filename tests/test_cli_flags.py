@@ -109,6 +109,7 @@ BENCH_ARGV = [
     ["scale", "--sessions", "1,2", "--betas", "0", "--workloads", "chat", "--enforce-eager", "--cpm", "450"],
     ["fuzz", "--asr-model", "w", "--requests", "20", "--events", "30", "--seed", "1", "--tag", "t"],
     ["soak", "--minutes", "0.5", "--warmup-minutes", "0.1", "--sample-s", "2", "--chat-clients", "0"],
+    ["longconv", "--sessions", "3", "--turns", "31", "--n-ctx", "1024", "--burst", "1", "--tag", "t"],
 ]
 
 
@@ -117,7 +118,7 @@ def test_bench_commands_reproduce_their_options(argv: list[str]) -> None:
     """The command written into a result re-parses to the options that produced it."""
     from speclive_bench import cli as bench
     from speclive_bench import cli_asr as bench_asr
-    from speclive_bench import reliability, scale, serve, soak
+    from speclive_bench import longconv, reliability, scale, serve, soak
     from speclive_bench.speechlm import SpeechLMBenchOptions
 
     special = {
@@ -129,6 +130,7 @@ def test_bench_commands_reproduce_their_options(argv: list[str]) -> None:
         "scale": lambda: scale.OPTIONS,
         "fuzz": lambda: reliability.OPTIONS,
         "soak": lambda: soak.OPTIONS,
+        "longconv": lambda: longconv.OPTIONS,
     }
     options = special.get(argv[0], lambda: bench._options(argv[0]))()
     p = argparse.ArgumentParser(prog="speclive")

@@ -33,6 +33,7 @@ from speclive_bench import (
     decode,
     graphs,
     live,
+    longconv,
     methods,
     predgen,
     prompts,
@@ -101,6 +102,8 @@ def add_bench_parser(subparsers: Any) -> None:
     reliability.add_fuzz_parser(sub)
 
     soak.add_soak_parser(sub)
+
+    longconv.add_longconv_parser(sub)
 
     scale.add_scale_bench_parser(sub)
 
