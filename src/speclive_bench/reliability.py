@@ -6,7 +6,14 @@ One in-process server (real models, the limits of ``ServerConfig``), then:
    requests per operation, valid and invalid; operations without inputs get the same request
    that many times;
 2. ``WS /v1/realtime`` fuzzed (``bench.fuzz_realtime``): ``--events`` generated client events,
-   then the hostile clients.
+   then the hostile clients;
+3. with ``--responses N``, fuzzing that generates (``bench.fuzz_generate``): chat completions
+   with real budgets (up to 256 tokens) and spoken realtime turns, interrupted at random, until
+   N responses were generated (or ``--generate-seconds`` passed), with the server's RSS before,
+   during and after. The server's ``max_tokens`` cap is then 256 (8 otherwise, so schema
+   fuzzing reaches its limits fast).
+
+``--requests 0`` / ``--events 0`` leave the REST / realtime fuzzing out.
 
 The server's own ``ERROR`` log records are counted (a crashed session or an unhandled request
 logs one). Results: ``benchmarks/results/fuzz-<tag>.{json,md}``.
@@ -33,6 +40,7 @@ from speclive.server.inproc import serve_in_thread
 from speclive.tts.piper import PiperTTS
 from speclive_bench import report
 from speclive_bench.fuzz import fuzz_rest
+from speclive_bench.fuzz_generate import fuzz_generate
 from speclive_bench.fuzz_realtime import fuzz_realtime
 
 
@@ -57,6 +65,26 @@ class FuzzOptions:
         10_000, "--requests", parse=int, help="generated requests per REST operation", always=True
     )
     events: int = option(10_000, "--events", parse=int, help="generated realtime client events", always=True)
+    responses: int = option(
+        0, "--responses", parse=int, help="generated responses of the generating phase (0: none)", always=True
+    )
+    generate_seconds: float = option(
+        3600.0,
+        "--generate-seconds",
+        parse=float,
+        help="the longest the generating phase goes on",
+        always=True,
+    )
+    rest_clients: int = option(
+        3, "--rest-clients", parse=int, help="chat clients at once in the generating phase", always=True
+    )
+    realtime_clients: int = option(
+        1,
+        "--realtime-clients",
+        parse=int,
+        help="realtime clients at once in the generating phase",
+        always=True,
+    )
     seed: int = option(0, "--seed", parse=int, always=True)
     out: Path = report.out_option()
     #: results stem fuzz-<tag> (the command sets the default: the model)
@@ -81,7 +109,7 @@ def _server(opts: FuzzOptions, key: str):
         asr_model=opts.asr_model,
         api_key=key,
         max_sessions=4,
-        max_tokens=8,
+        max_tokens=256 if opts.responses else 8,
         max_speech_chars=64,
         max_body_bytes=1_000_000,
         max_audio_s=10.0,
@@ -120,23 +148,45 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             last[0] = time.time()
             print(f"  {label}: {n}", file=sys.stderr, flush=True)
 
+    rest, ws, gen = [], None, None
     try:
         with serve_in_thread(app) as url:
-            print(f"fuzzing REST: {opts.requests} requests per operation", file=sys.stderr)
-            # half valid, half invalid requests per operation
-            rest = fuzz_rest(
-                app, url, examples=max(1, opts.requests // 2), api_key=key, seed=opts.seed, progress=progress
-            )
-            print(f"fuzzing the realtime WebSocket: {opts.events} events", file=sys.stderr)
-            ws = fuzz_realtime(
-                url,
-                config,
-                events=opts.events,
-                api_key=key,
-                speech=speech,
-                seed=opts.seed,
-                progress=lambda n: progress("realtime events", n),
-            )
+            if opts.requests > 0:
+                print(f"fuzzing REST: {opts.requests} requests per operation", file=sys.stderr)
+                # half valid, half invalid requests per operation
+                rest = fuzz_rest(
+                    app,
+                    url,
+                    examples=max(1, opts.requests // 2),
+                    api_key=key,
+                    seed=opts.seed,
+                    progress=progress,
+                )
+            if opts.events > 0:
+                print(f"fuzzing the realtime WebSocket: {opts.events} events", file=sys.stderr)
+                ws = fuzz_realtime(
+                    url,
+                    config,
+                    events=opts.events,
+                    api_key=key,
+                    speech=speech,
+                    seed=opts.seed,
+                    progress=lambda n: progress("realtime events", n),
+                )
+            if opts.responses > 0:
+                print(f"fuzzing that generates: {opts.responses} responses", file=sys.stderr)
+                gen = fuzz_generate(
+                    url,
+                    opts.responses,
+                    opts.model,
+                    speech,
+                    api_key=key,
+                    seed=opts.seed,
+                    max_seconds=opts.generate_seconds,
+                    rest_clients=opts.rest_clients,
+                    realtime_clients=opts.realtime_clients,
+                    progress=lambda n: progress("generated responses", n),
+                )
     finally:
         for lg in loggers:
             lg.removeHandler(errors)
@@ -161,26 +211,35 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             "limits": limits,
         },
         "rest": [r.to_dict() for r in rest],
-        "realtime": ws.to_dict(),
+        "realtime": ws.to_dict() if ws is not None else None,
+        "generate": gen.to_dict() if gen is not None else None,
         "server_errors_logged": errors.records,
     }
     for p in report.write_result_files(result, opts.out, f"fuzz-{opts.tag}", fuzz_markdown, None):
         print(f"wrote {p}", file=sys.stderr)
     print(fuzz_markdown(result))
-    bad = sum(len(r["violations"]) for r in result["rest"]) + len(ws.violations) + len(errors.records)
+    bad = sum(len(r["violations"]) for r in result["rest"]) + len(errors.records)
+    bad += len(ws.violations) if ws is not None else 0
+    bad += len(result["generate"]["violations"]) if gen is not None else 0
     return 1 if bad else 0
 
 
 def fuzz_markdown(result: dict[str, Any]) -> str:
     lines = report.markdown_preamble("Server fuzzing: REST and the realtime WebSocket", result["header"])
-    lines += [
-        f"Limits of the fuzzed server: `{result['header']['limits']}`",
-        "",
-        "## REST (OpenAPI schema)",
-        "",
-    ]
+    lines += [f"Limits of the fuzzed server: `{result['header']['limits']}`", ""]
+    if result["rest"]:
+        lines += _rest_markdown(result["rest"])
+    if result.get("realtime"):
+        lines += _realtime_markdown(result["realtime"])
+    if result.get("generate"):
+        lines += generate_markdown(result["generate"])
+    lines += ["", f"Server `ERROR` log records: {len(result['server_errors_logged'])}"]
+    return "\n".join(lines)
+
+
+def _rest_markdown(rest: list[dict[str, Any]]) -> list[str]:
     rows = []
-    for r in result["rest"]:
+    for r in rest:
         five = sum(v for k, v in r["statuses"].items() if k.startswith("5"))
         rows.append(
             {
@@ -194,9 +253,11 @@ def fuzz_markdown(result: dict[str, Any]) -> str:
             }
         )
     cols = [(k, k, 0) for k in ("operation", "requests", "statuses", "5xx", "violations", "healthy after")]
-    lines += [report.md_table(cols + [("seconds", "seconds", 1)], rows), ""]
-    ws = result["realtime"]
-    lines += [
+    return ["## REST (OpenAPI schema)", "", report.md_table(cols + [("seconds", "seconds", 1)], rows), ""]
+
+
+def _realtime_markdown(ws: dict[str, Any]) -> list[str]:
+    lines = [
         "## Realtime WebSocket",
         "",
         f"- {ws['generated_events']} generated client events in {ws['scripts']} scripts, "
@@ -213,5 +274,38 @@ def fuzz_markdown(result: dict[str, Any]) -> str:
         "|---|---|---|",
     ]
     lines += [f"| {k} | {v} | {ws['scenario_seconds'].get(k, '')} |" for k, v in ws["scenarios"].items()]
-    lines += ["", f"Server `ERROR` log records: {len(result['server_errors_logged'])}"]
-    return "\n".join(lines)
+    return lines + [""]
+
+
+def generate_markdown(g: dict[str, Any]) -> list[str]:
+    """The generating phase: responses, refusals, violations, RSS before / during / after."""
+    rest, rt, rss = g["rest"], g["realtime"], g["rss"]
+    gb = 1e9
+    series = ", ".join(
+        f"{t:g} s: {b / gb:.3f}"
+        for t, b in rss["series_s_bytes"][:: max(1, len(rss["series_s_bytes"]) // 24)]
+    )
+    lines = [
+        "## Fuzzing that generates",
+        "",
+        f"- **{g['generated_responses']} responses generated** in {g['seconds']:g} s"
+        + (" (stopped by --generate-seconds)" if g["stopped_by_time"] else ""),
+        f"- REST chat: {rest['requests']} requests, statuses {rest['statuses']}; {rest['generated']} "
+        f"generated (content, or a stream left after its first chunk), {rest['left_mid_answer']} left "
+        f"mid-answer by the client, {rest['completion_tokens']} completion tokens; "
+        f"5xx other than clean refusals: {rest['5xx_not_refusals']}, clean refusals (503 + Retry-After): "
+        f"{rest['refused_503']}",
+        f"- budgets drawn (max_tokens, realtime max_output_tokens): {g['budgets']}",
+        f"- realtime: {rt['sessions']} sessions, {rt['turns']} spoken turns, {rt['responses_created']} "
+        f"responses created, response.done by status {rt['responses_done']}, {rt['generated']} generated "
+        f"(done after output, or cancelled), {rt['turns_without_answer']} turns without an answer",
+        f"- mid-answer actions: {rt['mid_answer_actions']}",
+        f"- realtime error events by code: {rt['error_codes']}; close codes: {rt['close_codes']}",
+        f"- violations: {len(g['violations'])}" + (f" — {g['violations'][:5]}" if g["violations"] else ""),
+        f"- RSS of the server process: before {rss['before_bytes'] / gb:.3f} GB, during max "
+        f"{rss['during_max_bytes'] / gb:.3f} GB, after (settled) {rss['after_bytes'] / gb:.3f} GB "
+        f"({rss['growth_after_pct']:+.2f} %)",
+        f"- RSS during (s: GB): {series}",
+        "",
+    ]
+    return lines

@@ -263,6 +263,8 @@ class Conversation:
         )
         step = int(DELTA_S * rate)
         for i in range(0, len(samples), step):
+            if r.cancelled or self.response is not r:
+                return  # ended while its audio went out (a cancel, a barge-in): no delta after its done
             data = base64.b64encode(pcm16(samples[i : i + step])).decode("ascii")
             await self.send(
                 "response.output_audio.delta",
