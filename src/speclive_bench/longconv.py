@@ -97,7 +97,7 @@ class LongConvOptions:
     sessions: int = option(4, "--sessions", parse=int, help="conversations at once", always=True)
     turns: int = option(30, "--turns", parse=int, help="turns of each conversation", always=True)
     #: the server's context size: the KV cells all conversations share
-    n_ctx: int = option(2048, "--n-ctx", parse=int, help="the server's context (KV cells)", always=True)
+    n_ctx: int = option(1024, "--n-ctx", parse=int, help="the server's context (KV cells)", always=True)
     #: consecutive turns a session takes before the next one speaks
     burst: int = option(2, "--burst", parse=int, help="consecutive turns per session", always=True)
     #: the realtime chat method (``cascade``: the answer starts at the end of the turn)
@@ -202,6 +202,7 @@ def converse(
                     {"role": "user", "content": rec.get("transcript") or ""},
                     {"role": "assistant", "content": rec["answer"]},
                 ]
+            log(f"  session {s} turn {asked[s] - 1}: {rec.get('turn_s')} s")
             if (n + 1) % 10 == 0 or n + 1 == len(order):
                 log(
                     f"  {n + 1}/{len(order)} turns, evictions {after.get('kv_cell_evictions', 0):.0f}, "
@@ -337,8 +338,10 @@ def run_longconv(opts: LongConvOptions, log: Callable[[str], None]) -> dict[str,
         asr_draft=opts.asr_draft,
         n_ctx=opts.n_ctx,
         max_sessions=opts.sessions,
-        # one turn runs at a time, its audio sent at once: no turn is refused for its wait
+        # one turn runs at a time, its audio sent at once: no turn is refused for its wait, and
+        # a session waiting for the others' turns is not closed as idle
         max_wait_s=0.0,
+        realtime_idle_s=0.0,
     )
     cmd = [
         *SERVE_OPTIONS.argv([sys.executable, "-m", "speclive.cli", "serve"], server),
