@@ -34,8 +34,10 @@ from speclive.live import events as ev  # noqa: E402
 from speclive.server.app import create_app  # noqa: E402
 from speclive.server.audio import pcm16  # noqa: E402
 from speclive.server.capacity import (  # noqa: E402
+    CALIBRATE_AFTER,
     DEFAULT_WORK_S,
     MAX_SCALE,
+    WORK_WINDOW,
     Admission,
     Overloaded,
     TurnCosts,
@@ -189,37 +191,52 @@ def test_admission_reserves_what_admitted_turns_owe_before_their_first_output():
 
 def test_realtime_estimates_are_calibrated_to_the_p98_of_the_waits_that_followed():
     """A loaded worker's turns wait longer than their estimate: the scale tracks the 98th
-    percentile of real wait over estimate (from estimates of CALIBRATE_FROM_S or more, between
-    1 and MAX_SCALE)."""
+    percentile of real wait over estimate (from estimates of CALIBRATE_FROM_S or more, once
+    CALIBRATE_AFTER turns were measured, between 1 and MAX_SCALE)."""
     clock = FakeClock()
     adm = Admission(10.0, {"chat": 1.0}.__getitem__, clock=clock)
 
-    def turn(ratio: float) -> bool:
-        """A turn that waits ``ratio`` times its uncalibrated estimate; whether that was over
-        the calibrated estimate it was admitted with."""
+    def turn(ratio: float, work: float = 1.0) -> bool:
+        """A turn of ``work`` worker seconds that waits ``ratio`` times its uncalibrated
+        estimate; whether that was over the calibrated estimate it was admitted with."""
         res = adm.admit_realtime("chat", "chat")
+        res.work_s = work
         clock.t += ratio * res.base_s
         adm.first_output(res)
         return ratio * res.base_s > res.estimate_s
 
+    for _ in range(CALIBRATE_AFTER):
+        turn(10.0)  # the first turns cost what the default said nothing about: no lesson
+    assert adm.scale("chat") == 1.0
     rng = np.random.default_rng(0)
     over = [turn(r) for r in rng.uniform(1.0, 3.0, 4000)]
     assert 0.005 < np.mean(over[2000:]) < 0.05  # about 2 % of the turns wait longer than estimated
     assert 2.5 < adm.scale("chat") <= MAX_SCALE
-    fast = Admission(10.0, {"chat": 0.0}.__getitem__, clock=clock)
-    res = fast.admit_realtime("chat", "chat")
-    res.work_s = 0.1  # an idle estimate (0.1 s learned) teaches nothing
-    clock.t += 1.0
-    fast.first_output(res)
-    res = fast.admit_realtime("chat", "chat")
-    clock.t += 5.0
-    fast.first_output(res)
-    assert fast.scale("chat") == 1.0
     for _ in range(200):
-        res = adm.admit_realtime("chat", "chat")
-        clock.t += 100 * res.estimate_s
-        adm.first_output(res)
+        turn(100.0)
     assert adm.scale("chat") == MAX_SCALE
+    fast = Admission(10.0, {"chat": 0.0}.__getitem__, clock=clock)
+    for _ in range(CALIBRATE_AFTER + 2):
+        res = fast.admit_realtime("chat", "chat")
+        res.work_s = 0.1  # an idle estimate (0.1 s learned) teaches nothing
+        clock.t += 5.0
+        fast.first_output(res)
+    assert fast.scale("chat") == 1.0
+
+
+def test_the_work_of_a_turn_is_the_median_of_the_last_ones_measured():
+    adm = Admission(10.0, {"chat": 0.0}.__getitem__, clock=FakeClock())
+    for work in [30.0, 20.0, *[2.0] * 9]:  # two warm-up turns, then the usual ones
+        res = adm.admit_realtime("chat", "chat")
+        res.work_s = work
+        adm.first_output(res)
+    assert adm.work_s("chat") == 2.0
+    assert adm.work_s("translate") == DEFAULT_WORK_S  # each mode its own
+    for _ in range(WORK_WINDOW):
+        res = adm.admit_realtime("chat", "chat")
+        res.work_s = 3.0
+        adm.first_output(res)
+    assert adm.work_s("chat") == 3.0  # only the last WORK_WINDOW count
 
 
 # ---- REST: 503 + Retry-After at once --------------------------------------------------------------

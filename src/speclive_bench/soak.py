@@ -129,6 +129,27 @@ def _spoken(questions: tuple[str, ...], voice: str) -> list[np.ndarray]:
 #: the error code of a turn or request refused for want of capacity (a clean refusal)
 OVERLOADED = "server_overloaded"
 
+#: admission's gauges on ``/metrics`` (labelled for the chat worker and voice-chat turns), by
+#: their name in a sample
+ADMISSION_GAUGES = {
+    'speclive_admission_wait_seconds{kind="realtime"}': "admission_wait_s",
+    'speclive_admission_reserved_seconds{worker="chat"}': "reserved_s",
+    'speclive_admission_open_turns{worker="chat"}': "open_turns",
+    'speclive_realtime_work_to_first_output_seconds{mode="chat"}': "work_to_first_output_s",
+    'speclive_admission_calibration{mode="chat"}': "calibration",
+    'speclive_worker_wait_seconds{worker="chat"}': "worker_wait_s",
+}
+
+
+def scrape_admission(http: httpx.Client) -> dict[str, float]:
+    """What admission estimates now: the gauges of ``ADMISSION_GAUGES`` that the server has."""
+    out: dict[str, float] = {}
+    for line in http.get("/metrics").text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in ADMISSION_GAUGES:
+            out[ADMISSION_GAUGES[name]] = float(value)
+    return out
+
 
 class _Voice(threading.Thread):
     """One realtime session speaking its question in a loop until ``deadline``."""
@@ -203,6 +224,7 @@ class _Voice(threading.Thread):
                         rec["transcript"] = msg["transcript"]
                     elif kind == "error" and msg["error"].get("code") == OVERLOADED:
                         rec["refused"] = True  # a clean refusal; the server closes with 1013 next
+                        rec["refusal"] = msg["error"].get("message")
                     elif kind == "error":
                         rec.setdefault("errors", []).append(msg["error"].get("code"))
                     elif kind == "response.done":
@@ -313,7 +335,7 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             th.start()
             time.sleep(0.2)  # a staggered start, as callers arrive
         while any(th.is_alive() for th in [*voices, *chats]):
-            samples.append({"t": time.perf_counter() - t0, **scrape(http)})
+            samples.append({"t": time.perf_counter() - t0, **scrape(http), **scrape_admission(http)})
             last = time.perf_counter() - t0
             print(
                 f"  {last / 60:.1f} min: {sum(len(v.turns) for v in voices)} turns, "
@@ -324,7 +346,7 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             time.sleep(opts.sample_s)
         for th in [*voices, *chats]:
             th.join(400)
-        samples.append({"t": time.perf_counter() - t0, **scrape(http)})
+        samples.append({"t": time.perf_counter() - t0, **scrape(http), **scrape_admission(http)})
         health = http.get("/health").status_code
     finally:
         stop_server(srv)

@@ -18,9 +18,9 @@ the work owed before it, which the server can price:
   ahead of it.
 - **Reservations** (``Admission.admit_realtime``): an admitted realtime turn reserves the
   worker seconds a turn of its mode takes from its end to its first output (measured: the
-  moving average of what admitted turns took, ``DEFAULT_WORK_S`` until one was measured). What
-  is left of the reservations of turns still waiting for their first output is owed before
-  any new work.
+  median of what the last ``WORK_WINDOW`` admitted turns took, ``DEFAULT_WORK_S`` until one
+  was measured). What is left of the reservations of turns still waiting for their first
+  output is owed before any new work.
 
 ``Admission`` turns that into a decision. A REST request starts with one unit (a chat
 completion's first step, a synthesis, a transcription's first segment): its wait is the
@@ -28,19 +28,22 @@ worker's ``wait_s`` plus the reserved seconds. A realtime turn's wait for its fi
 that plus its own reservation, scaled by a calibration learned from what followed: each
 admitted turn tells how long it really waited (``first_output``), and the scale tracks the
 ``SCALE_QUANTILE`` quantile of real wait over estimate (learned from estimates of at least
-``CALIBRATE_FROM_S``, kept between 1 and ``MAX_SCALE``). The bound is on the time the user
-waits, so a realtime turn's estimate is added to what it has waited already (from the arrival
-of the audio that ended its speech to the moment the VAD ended the turn). Work whose estimate
+``CALIBRATE_FROM_S`` once ``CALIBRATE_AFTER`` turns were measured, kept between 1 and
+``MAX_SCALE``). The bound is on the time the user waits, so a realtime turn's estimate is
+added to what it has waited already (from the arrival of the audio that ended its speech to
+the moment the VAD ended the turn). Work whose estimate
 exceeds the bound (``ServerConfig.max_wait_s``) is refused at once with ``Overloaded``: a REST
-503 with ``Retry-After``, a realtime ``error`` event and close 1013. An idle worker owes
-nothing, so it admits everything whatever the machine's speed.
+503 with ``Retry-After``, a realtime ``error`` event and close 1013. Work with nothing owed
+ahead of it is always admitted, whatever the machine's speed: it cannot start sooner.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,6 +53,12 @@ from speclive.server.errors import APIError
 ALPHA = 0.2
 #: worker seconds a realtime turn is expected to take to its first output before one was measured
 DEFAULT_WORK_S = 1.0
+#: the realtime turns whose measured work makes the estimate (its median: a server's first turns
+#: pay for warm-ups and must not set the estimate for long)
+WORK_WINDOW = 16
+#: measured turns of a mode before its waits teach the calibration (until then the estimate is
+#: off by whatever ``DEFAULT_WORK_S`` is off, which says nothing about the load)
+CALIBRATE_AFTER = 3
 #: realtime estimates shorter than this do not teach the calibration (an idle worker's estimate
 #: is its own work alone, so a ratio to it says little about a loaded one)
 CALIBRATE_FROM_S = 0.5
@@ -135,6 +144,8 @@ class Reservation:
     estimate_s: float
     #: the same before the calibration's factor
     base_s: float
+    #: how many turns of its mode had been measured when it was admitted
+    measured: int = 0
     work_s: float = 0.0
 
 
@@ -158,28 +169,29 @@ class Admission:
         self._on_refuse = on_refuse
         self._clock = clock
         self._lock = threading.Lock()
-        #: realtime mode -> moving average of the worker seconds from a turn's end to its first output
-        self._work: dict[str, float] = {}
+        #: realtime mode -> the worker seconds from the end of its last turns to their first output
+        self._works: dict[str, deque[float]] = {}
         #: realtime mode -> the calibration of its estimates (``first_output``)
         self._scale: dict[str, float] = {}
         #: admitted realtime turns still waiting for their first output
         self._open: list[Reservation] = []
 
     # ---- what is owed -------------------------------------------------------------------
+    def _work_s(self, mode: str) -> float:
+        works = self._works.get(mode)
+        return statistics.median(works) if works else DEFAULT_WORK_S
+
     def work_s(self, mode: str) -> float:
-        """Worker seconds a realtime turn of ``mode`` takes to its first output."""
+        """Worker seconds a realtime turn of ``mode`` takes to its first output: the median of
+        the last ``WORK_WINDOW`` measured."""
         with self._lock:
-            return self._work.get(mode, DEFAULT_WORK_S)
+            return self._work_s(mode)
 
     def reserved_s(self, worker: str) -> float:
         """What is left of the reservations of ``worker``'s admitted turns still waiting for
         their first output (their units go ahead of any new work)."""
         with self._lock:
-            return sum(
-                max(0.0, self._work.get(r.mode, DEFAULT_WORK_S) - r.work_s)
-                for r in self._open
-                if r.worker == worker
-            )
+            return sum(max(0.0, self._work_s(r.mode) - r.work_s) for r in self._open if r.worker == worker)
 
     def open_turns(self, worker: str) -> int:
         with self._lock:
@@ -217,8 +229,11 @@ class Admission:
         """Refuse (``Overloaded``) a realtime turn of ``mode`` ending now, whose user has waited
         ``waited_s`` already, when that plus its estimate exceeds the bound; returns the sum.
         Reserves nothing (a new session is checked this way when it connects)."""
-        wait = waited_s + self.realtime_wait_s(worker, mode)
-        if 0 < self.max_wait_s < wait:
+        ahead = self.wait_s(worker)
+        wait = waited_s + (ahead + self.work_s(mode)) * self.scale(mode)
+        # with nothing owed ahead of it the turn cannot start sooner: it is admitted however
+        # slow the machine is (the bound limits waiting, and its wait teaches the calibration)
+        if 0 < self.max_wait_s < wait and ahead > 0:
             raise self._refuse("realtime", wait)
         return wait
 
@@ -227,7 +242,9 @@ class Admission:
         ``waited_s`` already, or refuse it (``Overloaded``) when that plus its estimate exceeds
         the bound. The reservation is open until ``first_output`` or ``withdraw``."""
         estimate = self.check_realtime(worker, mode, waited_s) - waited_s
-        res = Reservation(worker, mode, self._clock(), estimate, estimate / self.scale(mode))
+        with self._lock:
+            measured = len(self._works.get(mode, ()))
+        res = Reservation(worker, mode, self._clock(), estimate, estimate / self.scale(mode), measured)
         with self._lock:
             self._open.append(res)
         return res
@@ -240,13 +257,14 @@ class Admission:
             if res not in self._open:
                 return
             self._open.remove(res)
-            if res.work_s > 0:
-                self._work[res.mode] = ema(self._work.get(res.mode), res.work_s)
-            if res.base_s >= CALIBRATE_FROM_S:
+            works = self._works.setdefault(res.mode, deque(maxlen=WORK_WINDOW))
+            if res.measured >= CALIBRATE_AFTER and res.base_s >= CALIBRATE_FROM_S:
                 old = self._scale.get(res.mode, 1.0)
                 up = real > old * res.base_s
                 step = SCALE_STEP * (SCALE_QUANTILE if up else SCALE_QUANTILE - 1)
                 self._scale[res.mode] = min(MAX_SCALE, max(1.0, old * math.exp(step)))
+            if res.work_s > 0:
+                works.append(res.work_s)
 
     def withdraw(self, res: Reservation) -> None:
         """``res``'s turn ended without its first output (cancelled, taken up again, failed, its

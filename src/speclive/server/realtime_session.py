@@ -300,6 +300,7 @@ class RealtimeSession:
             self.refused = refusal
             return False
         self.admitted_turn, self.reservation, self.owed_since = turn, res, worker.now()
+        log.debug("realtime session %s: turn admitted, estimated wait %.2f s", self.id, res.estimate_s)
         return True
 
     def _withdraw(self) -> None:
