@@ -38,7 +38,7 @@ import httpx
 import numpy as np
 from websockets.sync.client import ClientConnection, connect
 
-from speclive.common_options import asr_draft_option, asr_model_option, model_option
+from speclive.common_options import asr_draft_option, asr_model_option, model_option, threads_option
 from speclive.live.voicechat import voice_predgen
 from speclive.loader import load_backend
 from speclive.options import OptionSet, option
@@ -105,6 +105,9 @@ class LongConvOptions:
     model: str = model_option("smollm2-135m-instruct", always=True)
     asr_model: str = asr_model_option("whisper-tiny.en", always=True)
     asr_draft: str = asr_draft_option("self:1", always=True)
+    #: llama.cpp threads of the server and the reference: one, since on a shared machine the
+    #: threads of one decode wait for each other whenever one of them is not scheduled
+    threads: int = threads_option(1, help="llama.cpp threads (server and reference)", always=True)
     out: Path = report.out_option()
     #: results stem longconv-<tag> (the command sets the default: the model)
     tag: str | None = option(None, "--tag", help="results name: longconv-<tag>.*", always=True)
@@ -337,6 +340,7 @@ def run_longconv(opts: LongConvOptions, log: Callable[[str], None]) -> dict[str,
         asr_model=opts.asr_model,
         asr_draft=opts.asr_draft,
         n_ctx=opts.n_ctx,
+        threads=opts.threads,
         max_sessions=opts.sessions,
         # one turn runs at a time, its audio sent at once: no turn is refused for its wait, and
         # a session waiting for the others' turns is not closed as idle
@@ -361,9 +365,11 @@ def run_longconv(opts: LongConvOptions, log: Callable[[str], None]) -> dict[str,
     run_s = time.perf_counter() - t0
     log("answers from fresh states ...")
     # the server's context and KV states (``ChatEngine.load``), in a process of its own
-    llm = load_backend(opts.model, "llamacpp", n_ctx=opts.n_ctx, max_states=max(4, opts.sessions))
+    llm = load_backend(
+        opts.model, "llamacpp", n_ctx=opts.n_ctx, threads=opts.threads, max_states=max(4, opts.sessions)
+    )
     check_against_fresh(llm, records, log)
-    settings = {k: getattr(opts, k) for k in ("sessions", "turns", "n_ctx", "burst", "method")}
+    settings = {k: getattr(opts, k) for k in ("sessions", "turns", "n_ctx", "burst", "method", "threads")}
     header = {
         "machine": report.machine_info(load_avg_start),
         "target": opts.model,
