@@ -97,11 +97,19 @@ class LongConvOptions:
     sessions: int = option(4, "--sessions", parse=int, help="conversations at once", always=True)
     turns: int = option(30, "--turns", parse=int, help="turns of each conversation", always=True)
     #: the server's context size: the KV cells all conversations share
-    n_ctx: int = option(1024, "--n-ctx", parse=int, help="the server's context (KV cells)", always=True)
+    n_ctx: int = option(512, "--n-ctx", parse=int, help="the server's context (KV cells)", always=True)
     #: consecutive turns a session takes before the next one speaks
     burst: int = option(2, "--burst", parse=int, help="consecutive turns per session", always=True)
     #: the realtime chat method (``cascade``: the answer starts at the end of the turn)
     method: str = option("cascade", "--method", help="realtime chat method", always=True)
+    #: the turns whose answers are computed again from a fresh state: ``restored`` or ``all``
+    check: str = option(
+        "restored",
+        "--check",
+        choices=("restored", "all"),
+        help="answers checked against a fresh state",
+        always=True,
+    )
     model: str = model_option("smollm2-135m-instruct", always=True)
     asr_model: str = asr_model_option("whisper-tiny.en", always=True)
     asr_draft: str = asr_draft_option("self:1", always=True)
@@ -239,12 +247,15 @@ def classify(
     return "near-tie" if gap_top2 is not None and gap_top2 < near_tie else "bug"
 
 
-def check_against_fresh(llm: Any, records: list[dict[str, Any]], log: Callable[[str], None]) -> None:
-    """Each answered turn's answer from a fresh state (module docstring): every record gets
-    ``reference`` and ``verdict``, a differing one its ``divergence``."""
+def check_against_fresh(
+    llm: Any, records: list[dict[str, Any]], log: Callable[[str], None], restored_only: bool = False
+) -> None:
+    """Each answered turn's answer (``restored_only``: each restored turn's) from a fresh state
+    (module docstring): every such record gets ``reference`` and ``verdict``, a differing one
+    its ``divergence``."""
     pcfg = voice_predgen()  # the server's voice prompt and answer length
     for r in records:
-        if r.get("answer") is None or r.get("transcript") is None:
+        if r.get("answer") is None or r.get("transcript") is None or (restored_only and not r["restored"]):
             continue
         resp = PredictiveResponder(llm, pcfg, mode="cascade", history=r["history"])
         try:
@@ -305,7 +316,8 @@ def longconv_markdown(result: dict[str, Any]) -> str:
     lines += [
         f"{st['sessions']} realtime conversations of {st['turns']} turns each ({st['method']}, greedy, text "
         f"answers), {st['burst']} consecutive turns per session in turn, on a server with a "
-        f"{st['n_ctx']}-token context (the KV cells all conversations share). Every answer was "
+        f"{st['n_ctx']}-token context (the KV cells all conversations share). The answers of "
+        f"{'every turn' if st.get('check') == 'all' else 'the restored turns'} were "
         "computed again from a fresh state (same GGUF, voice prompt, history and transcript); a "
         "difference is a near-tie flip when "
         f"plain greedy's top-2 logit gap at the first differing token is below {report.NEAR_TIE_GAP}, a bug "
@@ -368,8 +380,10 @@ def run_longconv(opts: LongConvOptions, log: Callable[[str], None]) -> dict[str,
     llm = load_backend(
         opts.model, "llamacpp", n_ctx=opts.n_ctx, threads=opts.threads, max_states=max(4, opts.sessions)
     )
-    check_against_fresh(llm, records, log)
-    settings = {k: getattr(opts, k) for k in ("sessions", "turns", "n_ctx", "burst", "method", "threads")}
+    check_against_fresh(llm, records, log, restored_only=opts.check == "restored")
+    settings = {
+        k: getattr(opts, k) for k in ("sessions", "turns", "n_ctx", "burst", "method", "threads", "check")
+    }
     header = {
         "machine": report.machine_info(load_avg_start),
         "target": opts.model,
