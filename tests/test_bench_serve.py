@@ -68,7 +68,9 @@ def test_summary_pairs_prompts_and_reports_ratios():
             "summary": s,
         }
     )
-    assert "| code-edit | speclive | 0.100 | 50.0 | 2.00× | 2/3 |" in md
+    assert "| code-edit | speclive | 0.100 | 50.0 | 2.00 [1.00–4.00] |" in md
+    assert "| code-edit | llama_cpp.server | 0.100 | 30.0 |" in md
+    assert "| 2.00× [0.50–3.00] |" in md and "| 2/3 |" in md  # on the peer's row
     assert "**1.25×**" in md
 
 

@@ -1,20 +1,28 @@
-"""``speclive bench serve``: ``speclive serve`` against llama-cpp-python's OpenAI server.
+"""``speclive bench serve``: ``speclive serve`` against other OpenAI-compatible servers.
 
-Both servers run as subprocesses on loopback with the same GGUF, the same thread count and the
-same context size, and are driven by the same streaming HTTP client (OpenAI chat completions,
-SSE, greedy). Only one server computes at a time; the other idles.
+The peers (``--peers``, ``speclive_bench.serve_peers``): llama-cpp-python's server, plain or
+with its prompt-lookup drafter, and llama.cpp's own ``llama-server`` with ``-np`` slots and
+continuous batching, plain, with a draft model or with its n-gram speculation. Every server runs
+as a subprocess on loopback with the same GGUF, the same thread count and the same context,
+and is driven by the same streaming HTTP client (OpenAI chat completions, SSE, greedy). Only one
+server computes at a time; the others idle.
 
-- *1 client*: each prompt goes to both servers one after the other, the order alternating per
-  prompt. Per request: time to first token (request sent -> first content delta) and tokens per
-  second (completion tokens / request time), completion tokens counted with the GGUF's own
-  tokenizer for both servers; whether the two texts are identical.
-Sampling is plain greedy on both (llama-cpp-python's default repeat penalty is turned off) and
-llama-cpp-python queues concurrent requests (``--interrupt_requests False``; its default cancels
-the running request when a new one arrives).
+- *1 client*: each prompt goes to every server one after the other, the order rotated per
+  prompt; ``--passes`` runs all prompts again (the rotation continues). Per request: time to
+  first token (request sent -> first content delta), request latency and tokens per second
+  (completion tokens / request time), completion tokens counted with the GGUF's own tokenizer
+  for every server; whether the texts are identical to speclive's. Against each peer: the
+  median of per-request tok/s ratios (paired by prompt and pass) with its 95 % bootstrap
+  interval, and the latency p50 / p99 of each server with theirs.
+Sampling is plain greedy everywhere (llama-cpp-python's default repeat penalty is turned off)
+and llama-cpp-python queues concurrent requests (``--interrupt_requests False``; its default
+cancels the running request when a new one arrives).
 
-- *N clients*: N threads share the prompts, one server at a time, in the order A B B A;
-  aggregate tokens per second (all completion tokens / wall time) and request latency p50 /
-  p99. These requests are not streamed: llama-cpp-python's server (0.3.x, with the FastAPI and
+- *N clients*: N threads share the prompts, one server at a time, the servers' order rotated
+  per pass (at least two passes: A B, then B A); aggregate tokens per second (all completion
+  tokens / wall time), per-request latency p50 / p99 with bootstrap intervals, and against
+  each peer the aggregate ratio (paired by pass) and the p99 ratio (paired by prompt and pass).
+  These requests are not streamed: llama-cpp-python's server (0.3.x, with the FastAPI and
   sse-starlette releases installed here) ends a running stream as "disconnected" when a second
   streaming request arrives, even with ``--interrupt_requests False``; whole responses queue.
 
@@ -27,6 +35,7 @@ import argparse
 import base64
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,12 +58,11 @@ from speclive.options import OptionSet, option
 from speclive.server.config import SERVE_OPTIONS
 from speclive.server.inproc import free_port
 from speclive.tts.piper import PiperTTS
-from speclive_bench import datasets, report
+from speclive_bench import datasets, report, serve_peers
 from speclive_bench.harness import rotated
 from speclive_bench.live import chat_questions, speak
+from speclive_bench.serve_stats import concurrent_table, single_table, summarize
 from speclive_bench.stats import percentile
-
-SERVERS = ("speclive", "llama_cpp.server")
 
 
 @dataclass
@@ -97,6 +105,21 @@ class ServeBenchOptions:
     max_sessions: int | None = option(
         None, "--max-sessions", parse=int, help="speclive's --max-sessions (default: clients)"
     )
+    #: the servers speclive is measured against (``serve_peers.PEERS``)
+    peers: list[str] = option(
+        ["llama_cpp.server"],
+        "--peers",
+        help=f"peer servers, comma-separated: {', '.join(serve_peers.PEERS)}",
+        always=True,
+    )
+    #: the 1-client prompts run this many times (the N-client phase: at least twice)
+    passes: int = option(1, "--passes", parse=int, help="interleaved passes over the prompts", always=True)
+    #: llama-server-draft's -md; speclive's --draft-model with --drafter model/crossvocab/hybrid
+    draft_model: str = option(
+        "qwen2.5-coder-0.5b-instruct", "--draft-model", help="draft model (llama-server -md)", always=True
+    )
+    #: llama-server's slots (None: --clients)
+    slots: int | None = option(None, "--slots", parse=int, help="llama-server's -np (default: --clients)")
     out: Path = report.out_option()
     #: results stem serve-<tag> (the command sets the default: the model)
     tag: str | None = option(None, "--tag", help="results name: serve-<tag>.*", always=True)
@@ -117,6 +140,8 @@ class Request:
     ttft_s: float = 0.0
     total_s: float = 0.0
     error: str = ""
+    #: which pass over the prompts (``--passes``)
+    pass_index: int = 0
 
     @property
     def tok_s(self) -> float:
@@ -216,21 +241,30 @@ def chat_stream(
     return req
 
 
-def _concurrent(srv: Running, model: str, prompts: list[str], clients: int, opts, count) -> dict[str, Any]:
-    """``clients`` threads share ``prompts``; aggregate throughput and latency percentiles."""
-    results: list[Request] = []
+def _concurrent(
+    srv: Running,
+    model: str,
+    prompts: list[str],
+    clients: int,
+    opts: ServeBenchOptions,
+    count,
+    pass_index: int = 0,
+) -> dict[str, Any]:
+    """``clients`` threads share ``prompts``; aggregate throughput, latency percentiles and the
+    per-request records (prompt index, tokens, latency; no texts)."""
+    results: list[tuple[int, Request]] = []
     lock = threading.Lock()
-    queue = list(prompts)
+    queue = list(enumerate(prompts))
 
     def client() -> None:
         while True:
             with lock:
                 if not queue:
                     return
-                p = queue.pop(0)
+                k, p = queue.pop(0)
             r = chat_stream(srv.url, model, p, opts.max_tokens, count, stream=False)
             with lock:
-                results.append(r)
+                results.append((k, r))
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(clients)]
@@ -239,10 +273,11 @@ def _concurrent(srv: Running, model: str, prompts: list[str], clients: int, opts
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    ok = [r for r in results if not r.error]
+    ok = [r for _, r in results if not r.error]
     lat = [r.total_s for r in ok]
     return {
         "server": srv.name,
+        "pass": pass_index,
         "requests": len(results),
         "errors": len(results) - len(ok),
         "tokens": sum(r.tokens for r in ok),
@@ -250,7 +285,11 @@ def _concurrent(srv: Running, model: str, prompts: list[str], clients: int, opts
         "aggregate_tok_s": sum(r.tokens for r in ok) / wall if wall > 0 else 0.0,
         "latency_p50_s": percentile(lat, 50, "nearest") or 0.0,
         "latency_p99_s": percentile(lat, 99, "nearest") or 0.0,
-        "error_samples": sorted({r.error for r in results if r.error})[:3],
+        "error_samples": sorted({r.error for _, r in results if r.error})[:3],
+        "records": [
+            {"prompt": k, "tokens": r.tokens, "latency_s": round(r.total_s, 4), "error": r.error}
+            for k, r in sorted(results, key=lambda kr: kr[0])
+        ],
     }
 
 
@@ -378,7 +417,7 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
 
     gguf = resolve(opts.model).gguf
     if gguf is None:
-        raise RuntimeError(f"{opts.model} has no GGUF file: both servers need one")
+        raise RuntimeError(f"{opts.model} has no GGUF file: every server needs one")
     vocab = Llama(str(gguf), vocab_only=True, verbose=False)
 
     def count(text: str) -> int:
@@ -387,21 +426,18 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
     header = {"machine": report.machine_info(), "target": opts.model, "gguf": Path(gguf).name}
     log_dir = Path(tempfile.mkdtemp(prefix="speclive-bench-serve-"))  # the servers' output
     log(f"server logs in {log_dir}")
-    ours_port, peer_port = free_port(), free_port()
-    # speclive computes that many requests at once (their verification passes batched); the
-    # peer's server takes one request at a time whatever it is told
+    # speclive computes that many requests at once (their verification passes batched)
     sessions = opts.max_sessions or max(opts.clients, *opts.voice_sessions, 1)
-    cmds = _server_commands(opts, str(gguf), ours_port, peer_port, sessions)
-    servers: dict[str, Running] = {}
     # without prompt sets only the realtime phase runs (and only speclive is started)
-    names = SERVERS if opts.prompts else ("speclive",)
+    names = server_names(opts) if opts.prompts else ("speclive",)
+    cmds = _server_commands(opts, str(gguf), names, sessions)
+    servers: dict[str, Running] = {}
     concurrent: list[dict[str, Any]] = []
     try:
         for name in names:
             log(f"starting {name} ...")
-            servers[name] = start_server(
-                name, cmds[name], ours_port if name == "speclive" else peer_port, log_dir
-            )
+            port, cmd = cmds[name]
+            servers[name] = start_server(name, cmd, port, log_dir, ready=serve_peers.ready_path(name))
         models = {n: httpx.get(f"{s.url}/v1/models").json()["data"][0]["id"] for n, s in servers.items()}
         warm = next(iter(opts.prompts.values()), [])[: opts.warmup]
         for name, srv in servers.items():
@@ -409,78 +445,116 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
                 chat_stream(srv.url, models[name], p, opts.max_tokens, count)
         single = _single_client(servers, models, opts, count, log)
         all_prompts = [p for v in opts.prompts.values() for p in v]
-        for name in (*SERVERS, *SERVERS[::-1]) if opts.prompts else ():
-            log(f"{opts.clients} clients on {name} ...")
-            row = _concurrent(servers[name], models[name], all_prompts, opts.clients, opts, count)
-            concurrent.append(row)
+        for k in range(max(2, opts.passes)) if opts.prompts else ():
+            for name in rotated(names, k):
+                log(f"{opts.clients} clients on {name}, pass {k + 1} ...")
+                row = _concurrent(servers[name], models[name], all_prompts, opts.clients, opts, count, k)
+                concurrent.append(row)
         voice = _voice_phase(servers["speclive"].url, opts, log) if opts.voice_questions else []
     finally:
         for srv in servers.values():
             stop_server(srv)
-    header |= {"settings": _serve_settings(opts, sessions), "command": opts.command}
+    header |= {
+        "settings": _serve_settings(opts, sessions),
+        "command": opts.command,
+        "servers": {n: {"command": c} for n, (_, c) in cmds.items()} | _llama_server_build(names),
+    }
     return {
         "header": header,
         "single": [r.__dict__ for r in single],
         "concurrent": concurrent,
         "voice": voice,
-        "summary": summarize(single, concurrent) | {"voice": summarize_voice(voice)},
+        "summary": summarize(single, concurrent, names) | {"voice": summarize_voice(voice)},
     }
+
+
+def server_names(opts: ServeBenchOptions) -> tuple[str, ...]:
+    """speclive, then the peers of the run."""
+    return ("speclive", *serve_peers.check_peers(opts.peers))
+
+
+def _llama_server_build(names: tuple[str, ...]) -> dict[str, Any]:
+    """The llama-server build's record (version, flags, build time), when a peer used it."""
+    if not serve_peers.needs_llama_server(names):
+        return {}
+    binary = serve_peers.find_llama_server()
+    out: dict[str, Any] = {"binary": str(binary)}
+    for name in ("build.json", "version.txt"):
+        f = binary.parent / name
+        if f.is_file():
+            out[name] = json.loads(f.read_text()) if name.endswith(".json") else f.read_text().strip()
+    return {"llama-server build": out}
 
 
 def _server_commands(
-    opts: ServeBenchOptions, gguf: str, ours_port: int, peer_port: int, sessions: int
-) -> dict[str, list[str]]:
-    """The command lines of both servers on ``gguf``: speclive computing ``sessions`` requests
-    at once (their verification passes batched), llama-cpp-python's server (one at a time)."""
+    opts: ServeBenchOptions, gguf: str, names: tuple[str, ...], sessions: int
+) -> dict[str, tuple[int, list[str]]]:
+    """Each server's port and command line on ``gguf``: speclive computing ``sessions``
+    requests at once (their verification passes batched), the peers as ``serve_peers`` has them."""
     py = sys.executable
-    return {
-        "speclive": SERVE_OPTIONS.argv(
-            [py, "-m", "speclive.cli", "serve"],
-            SERVE_OPTIONS.preset(
-                port=ours_port,
-                model=opts.model or DEFAULT_MODEL,
-                drafter=opts.drafter,
-                threads=opts.threads,
-                n_ctx=opts.n_ctx,
-                max_sessions=sessions,
+    out: dict[str, tuple[int, list[str]]] = {}
+    for name in names:
+        port = free_port()
+        if name != "speclive":
+            out[name] = (port, serve_peers.peer_command(name, _peer_setup(opts, gguf, port, names)))
+            continue
+        drafted = opts.drafter in ("model", "crossvocab", "hybrid")
+        out[name] = (
+            port,
+            SERVE_OPTIONS.argv(
+                [py, "-m", "speclive.cli", "serve"],
+                SERVE_OPTIONS.preset(
+                    port=port,
+                    model=opts.model or DEFAULT_MODEL,
+                    drafter=opts.drafter,
+                    draft_model=opts.draft_model if drafted else None,
+                    threads=opts.threads,
+                    n_ctx=opts.n_ctx,
+                    max_sessions=sessions,
+                ),
             ),
-        ),
-        "llama_cpp.server": [
-            py,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            gguf,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(peer_port),
-            "--n_threads",
-            str(opts.threads),
-            "--n_threads_batch",
-            str(opts.threads),
-            "--n_ctx",
-            str(opts.n_ctx),
-        ],
-    }
+        )
+    return out
+
+
+def _peer_setup(
+    opts: ServeBenchOptions, gguf: str, port: int, names: tuple[str, ...]
+) -> serve_peers.PeerSetup:
+    """What a peer gets: the run's GGUF, threads, context, llama-server's slots and draft."""
+    draft = None
+    if "llama-server-draft" in names:
+        draft_gguf = resolve(opts.draft_model).gguf
+        if draft_gguf is None:
+            raise ConfigError(f"draft model {opts.draft_model} has no GGUF file (llama-server -md needs one)")
+        draft = str(draft_gguf)
+    return serve_peers.PeerSetup(
+        gguf=gguf,
+        port=port,
+        threads=opts.threads,
+        n_ctx=opts.n_ctx,
+        slots=opts.slots or opts.clients,
+        draft_gguf=draft,
+    )
 
 
 def _single_client(
     servers: dict[str, Running], models: dict[str, str], opts: ServeBenchOptions, count, log
 ) -> list[Request]:
-    """Every prompt on both servers, one request at a time, which server goes first
-    alternating per prompt."""
+    """Every prompt on every server, one request at a time, the servers' order rotated per
+    prompt; ``opts.passes`` times over (the rotation goes on across passes)."""
     single: list[Request] = []
-    total = sum(len(v) for v in opts.prompts.values())
+    names = list(servers)
+    total = sum(len(v) for v in opts.prompts.values()) * opts.passes
     i = 0
-    for set_name, prompts in opts.prompts.items():
-        for p in prompts:
-            for name in rotated(SERVERS, i):
-                r = chat_stream(servers[name].url, models[name], p, opts.max_tokens, count)
-                r.server, r.prompt_set = name, set_name
-                single.append(r)
-            i += 1
-            log(f"1 client: {i}/{total} prompts")
+    for k in range(opts.passes):
+        for set_name, prompts in opts.prompts.items():
+            for p in prompts:
+                for name in rotated(names, i):
+                    r = chat_stream(servers[name].url, models[name], p, opts.max_tokens, count)
+                    r.server, r.prompt_set, r.pass_index = name, set_name, k
+                    single.append(r)
+                i += 1
+                log(f"1 client: {i}/{total} prompts")
     return single
 
 
@@ -491,51 +565,16 @@ def _serve_settings(opts: ServeBenchOptions, sessions: int) -> dict[str, Any]:
         "threads": opts.threads,
         "n_ctx": opts.n_ctx,
         "drafter": opts.drafter,
+        "draft_model": opts.draft_model,
+        "peers": list(opts.peers),
+        "passes": opts.passes,
+        "llama_server_slots": opts.slots or opts.clients,
         "warmup_requests": opts.warmup,
         "prompts": {k: len(v) for k, v in opts.prompts.items()},
         "voice_questions": opts.voice_questions,
         "voice_concurrency": list(opts.voice_sessions),  # the key earlier results use
         "speclive_max_sessions": sessions,
     }
-
-
-def summarize(single: list[Request], concurrent: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per prompt set: median TTFT and tok/s per server, the paired tok/s ratio, identity;
-    concurrent: the two runs per server pooled."""
-    out: dict[str, Any] = {"single": {}, "concurrent": {}}
-    sets = sorted({r.prompt_set for r in single})
-    for s in sets:
-        rows = [r for r in single if r.prompt_set == s and not r.error]
-        by = {n: [r for r in rows if r.server == n] for n in SERVERS}
-        pairs = [(a, b) for a in by["speclive"] for b in by["llama_cpp.server"] if a.prompt == b.prompt]
-        ratios = [a.tok_s / b.tok_s for a, b in pairs if b.tok_s > 0]
-        out["single"][s] = {
-            **{
-                n: {
-                    "ttft_s": statistics.median([r.ttft_s for r in v]) if v else None,
-                    "tok_s": statistics.median([r.tok_s for r in v]) if v else None,
-                    "tokens": sum(r.tokens for r in v),
-                }
-                for n, v in by.items()
-            },
-            "tok_s_ratio_median": statistics.median(ratios) if ratios else None,
-            "identical": sum(a.text == b.text for a, b in pairs),
-            "pairs": len(pairs),
-            "errors": sum(1 for r in single if r.prompt_set == s and r.error),
-        }
-    for n in SERVERS:
-        rows = [c for c in concurrent if c["server"] == n]
-        if rows:
-            out["concurrent"][n] = {
-                "aggregate_tok_s": statistics.mean(c["aggregate_tok_s"] for c in rows),
-                "latency_p50_s": statistics.mean(c["latency_p50_s"] for c in rows),
-                "latency_p99_s": statistics.mean(c["latency_p99_s"] for c in rows),
-                "errors": sum(c["errors"] for c in rows),
-            }
-    c = out["concurrent"]
-    if len(c) == 2 and c["llama_cpp.server"]["aggregate_tok_s"]:
-        c["aggregate_ratio"] = c["speclive"]["aggregate_tok_s"] / c["llama_cpp.server"]["aggregate_tok_s"]
-    return out
 
 
 def summarize_voice(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -564,70 +603,59 @@ def summarize_voice(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def result_servers(result: dict[str, Any]) -> tuple[str, ...]:
+    """speclive and the peers of a result (older results: llama_cpp.server)."""
+    return ("speclive", *result["header"].get("settings", {}).get("peers", ["llama_cpp.server"]))
+
+
 def serve_markdown(result: dict[str, Any]) -> str:
     h = result["header"]
-    lines = report.markdown_preamble("speclive serve vs llama-cpp-python's server", h)
-    if result["summary"]["single"]:
+    servers = result_servers(result)
+    lines = report.markdown_preamble(f"speclive serve vs {', '.join(servers[1:])}", h)
+    s = result["summary"]
+    if s["single"]:
+        passes = h.get("settings", {}).get("passes", 1)
         lines += [
-            "Both servers: the same GGUF, threads and context, greedy, streamed (SSE) to the same client; "
-            "completion tokens counted with the GGUF's tokenizer for both. *1 client*: every prompt to "
-            "both servers, order alternating. *Concurrent*: the clients share all prompts, whole (not "
-            "streamed) responses; each server measured twice (A B B A), the two runs averaged.",
+            "Every server: the same GGUF, threads and context, greedy, streamed (SSE) to the same client; "
+            "completion tokens counted with the GGUF's tokenizer for all. *1 client*: every prompt to "
+            f"every server, order rotated per prompt, {passes} pass(es); ratios paired per prompt and "
+            "pass, 95 % bootstrap intervals in brackets. *Concurrent*: the clients share all prompts, "
+            "whole (not streamed) responses; each server measured once per pass (at least two, order "
+            "rotated), the passes averaged and their requests pooled.",
             "",
-            "| prompt set | server | median TTFT s | median tok/s | tok/s ratio (paired median) "
-            "| identical texts |",
-            "|---|---|---|---|---|---|",
-        ]
-        for s, row in result["summary"]["single"].items():
-            for n in SERVERS:
-                v = row[n]
-                ratio = row["tok_s_ratio_median"] if n == "speclive" else None
-                lines.append(
-                    f"| {s} | {n} | {report._fmt(v['ttft_s'], 3)} | {report._fmt(v['tok_s'], 1)} | "
-                    f"{'' if ratio is None else f'{ratio:.2f}×'} | "
-                    f"{row['identical']}/{row['pairs'] if n == 'speclive' else ''} |"
-                )
-        c = result["summary"]["concurrent"]
-        lines += [
+            *single_table(s["single"], servers),
             "",
-            f"| {h['settings']['clients']} clients | aggregate tok/s | latency p50 s | latency p99 s "
-            "| p99 / p50 | errors |",
-            "|---|---|---|---|---|---|",
+            *concurrent_table(s["concurrent"], servers, h["settings"]["clients"]),
         ]
-        for n in SERVERS:
-            if n in c:
-                v = c[n]
-                p50, p99 = v["latency_p50_s"], v["latency_p99_s"]
-                lines.append(
-                    f"| {n} | {v['aggregate_tok_s']:.1f} | {p50:.2f} | {p99:.2f} | {p99 / p50:.2f} "
-                    f"| {v['errors']} |"
-                )
+        c = s["concurrent"]
         if "aggregate_ratio" in c:
-            lines += [
-                "",
-                f"Aggregate throughput, speclive / llama_cpp.server: **{c['aggregate_ratio']:.2f}×**",
-            ]
-    voice = result["summary"].get("voice") or []
-    if voice:
-        lines += [
-            "",
-            "Realtime voice chat through `WS /v1/realtime` (spoken MT-Bench questions, Piper, streamed "
-            "at 1x in 100 ms chunks; latency = the chunk with the end of speech sent -> first answer "
-            "audio received):",
-            "",
-            "| sessions at once | PredGen median s | p90 s | cascade median s | p90 s | cascade / PredGen "
-            "| errors |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for r in voice:
-            p, q = r["predgen"], r["cascade"]
-            ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}×"
-            lines.append(
-                f"| {r['concurrency']} | {report._fmt(p['median_s'])} | {report._fmt(p['p90_s'])} | "
-                f"{report._fmt(q['median_s'])} | {report._fmt(q['p90_s'])} | "
-                f"{ratio} | {p['errors'] + q['errors']} |"
-            )
+            lines += ["", f"Aggregate throughput, speclive / {servers[1]}: **{c['aggregate_ratio']:.2f}×**"]
+    lines += _voice_table(s.get("voice") or [])
     return "\n".join(lines)
+
+
+def _voice_table(voice: list[dict[str, Any]]) -> list[str]:
+    if not voice:
+        return []
+    lines = [
+        "",
+        "Realtime voice chat through `WS /v1/realtime` (spoken MT-Bench questions, Piper, streamed "
+        "at 1x in 100 ms chunks; latency = the chunk with the end of speech sent -> first answer "
+        "audio received):",
+        "",
+        "| sessions at once | PredGen median s | p90 s | cascade median s | p90 s | cascade / PredGen "
+        "| errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in voice:
+        p, q = r["predgen"], r["cascade"]
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}×"
+        lines.append(
+            f"| {r['concurrency']} | {report._fmt(p['median_s'])} | {report._fmt(p['p90_s'])} | "
+            f"{report._fmt(q['median_s'])} | {report._fmt(q['p90_s'])} | "
+            f"{ratio} | {p['errors'] + q['errors']} |"
+        )
+    return lines
 
 
 def plot_serve(path: Path, result: dict[str, Any]) -> Path:
@@ -649,20 +677,21 @@ def plot_serve(path: Path, result: dict[str, Any]) -> Path:
         fig.savefig(path, dpi=120)
         plt.close(fig)
         return path
+    servers = result_servers(result)
     groups = [*s["single"], f"{result['header']['settings']['clients']} clients"]
     vals = {
-        n: [s["single"][g][n]["tok_s"] or 0 for g in s["single"]]
+        n: [(s["single"][g].get(n) or {}).get("tok_s") or 0 for g in s["single"]]
         + [s["concurrent"].get(n, {}).get("aggregate_tok_s", 0)]
-        for n in SERVERS
+        for n in servers
     }
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    w = 0.38
-    for k, n in enumerate(SERVERS):
-        xs = [i + (k - 0.5) * w for i in range(len(groups))]
+    fig, ax = plt.subplots(figsize=(7 + len(servers), 3.6))
+    w = 0.8 / len(servers)
+    for k, n in enumerate(servers):
+        xs = [i + (k - (len(servers) - 1) / 2) * w for i in range(len(groups))]
         ax.bar(xs, vals[n], w, label=n)
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel("tokens / s")
-    ax.set_title(f"speclive serve vs llama_cpp.server ({result['header']['target']})", fontsize=10)
+    ax.set_title(f"speclive serve vs {', '.join(servers[1:])} ({result['header']['target']})", fontsize=10)
     ax.legend(frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -672,7 +701,8 @@ def plot_serve(path: Path, result: dict[str, Any]) -> Path:
 
 def add_serve_bench_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "serve", help="speclive serve vs llama-cpp-python's OpenAI server: TTFT, tok/s, N clients"
+        "serve",
+        help="speclive serve vs peer OpenAI servers (llama-cpp-python, llama-server): TTFT, tok/s, N clients",
     )
     OPTIONS.add_to(p)
     p.set_defaults(func=cmd_serve_bench)
@@ -696,10 +726,17 @@ def _prompt_sets(names: list[str], limit: int) -> dict[str, list[str]]:
 
 def cmd_serve_bench(args: argparse.Namespace) -> int:
     opts = OPTIONS.build(args)
+    serve_peers.check_peers(opts.peers)
+    if opts.passes < 1:
+        raise ConfigError(f"--passes must be at least 1, not {opts.passes}")
+    if serve_peers.needs_llama_server(opts.peers):
+        serve_peers.find_llama_server()  # a missing build is an error now, not after loading
     opts.prompts = _prompt_sets(opts.sets, opts.limit)
     opts.model = opts.model or DEFAULT_MODEL
     opts.tag = opts.tag or opts.model
     opts.command = OPTIONS.command(["speclive", "bench", "serve"], opts)
+    # a stopped run (SIGTERM) still stops the servers it started (run_serve_bench's finally)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run_serve_bench(opts, lambda m: print(m, file=sys.stderr))
     for p in report.write_result_files(
         result, opts.out, f"serve-{opts.tag}", serve_markdown, plot_serve if opts.plot else None
