@@ -37,7 +37,14 @@ def test_summary_counts_errors_crossed_transcripts_and_growth():
         {"t": 60.0, "rss_bytes": 210 * 2**20, "open_fds": 12, "kv_cell_evictions": 3.0, "kv_restores": 4.0},
     ]
     args = SimpleNamespace(
-        sessions=2, chat_clients=1, minutes=1.0, warmup_minutes=0.5, model="m", asr_model="a", asr_draft="d"
+        sessions=2,
+        chat_clients=1,
+        minutes=1.0,
+        warmup_minutes=0.5,
+        model="m",
+        asr_model="a",
+        asr_draft="d",
+        max_wait=2.5,
     )
     r = summarize_soak(args, "cmd", questions, voices, chats, samples, 200)
     s = r["summary"]
@@ -49,6 +56,10 @@ def test_summary_counts_errors_crossed_transcripts_and_growth():
     assert s["turns"] == 6 and s["turns_answered"] == 3 and s["chat_requests"] == 7
     assert abs(s["rss_growth_pct"] - 5.0) < 1e-9  # from the first sample after the warm-up
     assert s["latency_p50_s"] == 2.0 and s["latency_max_s"] == 3.0
+    assert s["bound_s"] == 2.5 and s["turns_over_bound"] == 1
+    # the first and the last third of a 1-minute run: 1 s (t=10) and 3 s (t=50)
+    assert s["latency_p50_first_s"] == 1.0 and s["latency_p50_last_s"] == 3.0
+    assert s["latency_p50_last_over_first"] == 3.0
     assert s["kv_cell_evictions"] == 3.0 and s["kv_restores"] == 4.0  # the server's counts at the end
 
 
@@ -58,7 +69,14 @@ def test_summary_rss_trend_is_the_least_squares_slope_after_warmup():
         {"t": 60.0 * m, "rss_bytes": (500 + 6 * m) * 2**20, "trimmed_bytes": 2**20 * m} for m in range(1, 6)
     ]
     args = SimpleNamespace(
-        sessions=1, chat_clients=0, minutes=5.0, warmup_minutes=1.0, model="m", asr_model="a", asr_draft="d"
+        sessions=1,
+        chat_clients=0,
+        minutes=5.0,
+        warmup_minutes=1.0,
+        model="m",
+        asr_model="a",
+        asr_draft="d",
+        max_wait=0.0,
     )
     voices = [SimpleNamespace(turns=[], errors=[], refused=0)]
     s = summarize_soak(args, "cmd", QUESTIONS[:1], voices, [], samples, 200)["summary"]

@@ -81,6 +81,8 @@ class SoakOptions:
     model: str = model_option("smollm2-135m-instruct", always=True)
     asr_model: str = asr_model_option("whisper-tiny.en", always=True)
     asr_draft: str = asr_draft_option("self:1", always=True)
+    #: the server's --max-wait: the bound on an admitted turn's wait for its first audio
+    max_wait: float = option(10.0, "--max-wait", parse=float, help="the server's --max-wait (seconds)")
     #: seconds between two readings of the server's metrics
     sample_s: float = option(10.0, "--sample-s", parse=float)
     out: Path = report.out_option()
@@ -315,6 +317,7 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
         asr_draft=opts.asr_draft,
         api_key=key,
         max_sessions=opts.sessions + opts.chat_clients + 1,
+        max_wait_s=opts.max_wait,
     )
     cmd = [
         *SERVE_OPTIONS.argv([sys.executable, "-m", "speclive.cli", "serve"], server),
@@ -408,6 +411,21 @@ def _latency_windows(lat: Sequence[tuple[float, float]], minutes: float) -> list
     return windows
 
 
+def _drift(lat: Sequence[tuple[float, float]], minutes: float) -> dict[str, Any]:
+    """p50 latency of the run's first and last stretch (10 minutes, a third of shorter runs),
+    and the last over the first."""
+    span = min(600.0, minutes * 60 / 3)
+    first = [x for t, x in lat if t < span]
+    last = [x for t, x in lat if t >= minutes * 60 - span]
+    p_first, p_last = percentile(first, 50), percentile(last, 50)
+    return {
+        "drift_span_min": span / 60,
+        "latency_p50_first_s": p_first,
+        "latency_p50_last_s": p_last,
+        "latency_p50_last_over_first": p_last / p_first if p_first and p_last else None,
+    }
+
+
 def summarize_soak(
     opts: SoakOptions,
     command: str,
@@ -450,6 +468,9 @@ def summarize_soak(
         "latency_p99_s": percentile(all_lat, 99),
         #: the longest wait of an answered (admitted) turn for its first audio
         "latency_max_s": max(all_lat) if all_lat else None,
+        "bound_s": opts.max_wait,
+        "turns_over_bound": sum(x > opts.max_wait for x in all_lat) if opts.max_wait > 0 else None,
+        **_drift(lat, opts.minutes),
         "health_at_end": health,
         "kv_cell_evictions": end.get("kv_cell_evictions"),
         "kv_restores": end.get("kv_restores"),
@@ -495,6 +516,10 @@ def soak_markdown(result: dict[str, Any]) -> str:
         f"| freed heap returned to the OS (malloc_trim) | {s.get('trimmed_mib', 0):.0f} MiB |",
         f"| open fds after warm-up → end | {s['open_fds_after_warmup']} → {s['open_fds_end']} |",
         f"| voice-to-voice p50 / p99 / max (s) | {p50} / {p99} / {report._fmt(s.get('latency_max_s'))} |",
+        f"| answered turns over the {s.get('bound_s', '–')} s bound | {s.get('turns_over_bound', '–')} |",
+        f"| p50 of the first / last {report._fmt(s.get('drift_span_min'))} min (last / first) | "
+        f"{report._fmt(s.get('latency_p50_first_s'))} / {report._fmt(s.get('latency_p50_last_s'))} s "
+        f"({report._fmt(s.get('latency_p50_last_over_first'))}) |",
         f"| /health at the end | {s['health_at_end']} |",
         f"| KV evictions for want of cells / restores | {s.get('kv_cell_evictions', '–')} / "
         f"{s.get('kv_restores', '–')} |",

@@ -109,10 +109,12 @@ class ServerConfig:
     queue_wait_s: float = option(
         30.0, "--queue-wait", parse=float, help="seconds a request waits for a slot before a 503 (0: none)"
     )
-    #: the longest a new request or realtime turn may be expected to wait for its model worker:
-    #: work whose estimated wait (``capacity.py``: the foreground work queued, priced by the
-    #: measured turn costs) exceeds it is refused at once (503 with Retry-After; realtime: an
-    #: ``error`` event and close 1013). 0: no bound
+    #: the longest a new request or realtime turn may be expected to wait for its first output:
+    #: work whose estimated wait (``capacity.py``: the work owed ahead of it, that is the units
+    #: queued and what admitted turns still reserve, priced by measured costs; for a realtime
+    #: turn also its own work and what its user has waited since their speech stopped) exceeds
+    #: it is refused at once (503 with Retry-After; realtime: an ``error`` event and close
+    #: 1013). 0: no bound
     max_wait_s: float = option(
         10.0,
         "--max-wait",
