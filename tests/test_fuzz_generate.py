@@ -24,6 +24,7 @@ from speclive_bench.fuzz_generate import (
     GenerateReport,
     ResponseTracker,
     RestPlan,
+    TrackedConn,
     draw_budget,
     realtime_plan,
     rest_one,
@@ -170,3 +171,14 @@ def test_no_audio_delta_of_a_response_after_its_done():
 def test_report_counts_add_up(n):
     report = GenerateReport(rest_generated=n, realtime_generated=2)
     assert report.generated == n + 2 and report.to_dict()["generated_responses"] == n + 2
+
+
+def test_a_session_refused_while_the_server_is_full_is_a_refusal_not_a_violation():
+    report = GenerateReport()
+    conn = TrackedConn.__new__(TrackedConn)  # no server: only the classification is tested
+    conn.report, conn.tag, conn.refused, conn.close_code = report.ws, "generate", False, 1013
+    conn.violation("no session.created", "None")
+    assert conn.refused and not report.ws.violations
+    conn.close_code = 1000
+    conn.violation("no session.created", "None")
+    assert len(report.ws.violations) == 1

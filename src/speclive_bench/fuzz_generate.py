@@ -278,6 +278,8 @@ class GenerateReport:
     rest_tokens: int = 0
     budgets: Counter = field(default_factory=Counter)
     realtime_sessions: int = 0
+    #: sessions refused with 1013 (server full) for the whole of the client's retries
+    realtime_refused: int = 0
     realtime_turns: int = 0
     realtime_created: int = 0
     realtime_done: Counter = field(default_factory=Counter)
@@ -325,6 +327,7 @@ class GenerateReport:
             },
             "realtime": {
                 "sessions": self.realtime_sessions,
+                "sessions_refused": self.realtime_refused,
                 "turns": self.realtime_turns,
                 "responses_created": self.realtime_created,
                 "responses_done": dict(self.realtime_done),
@@ -462,7 +465,16 @@ class TrackedConn(_Conn):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         self.tracker = ResponseTracker()
+        #: the server kept refusing the session (1013) for as long as the client retried
+        self.refused = False
         super().__init__(*args, **kw)
+
+    def violation(self, why: str, detail: str) -> None:
+        # a session refused as the server was full (1013) is a clean refusal, not a fault
+        if why == "no session.created" and self.close_code == 1013:
+            self.refused = True
+            return
+        super().violation(why, detail)
 
     def recv(self, timeout: float) -> dict | None:
         msg = super().recv(timeout)
@@ -535,6 +547,10 @@ def realtime_one(
     """One realtime session playing ``turns``; counts its responses and checks them."""
     silence = base64.b64encode(b"\0" * 48_000).decode("ascii")
     conn = TrackedConn(ws_url, headers, report.ws, "generate")
+    if conn.refused:
+        with report.lock:
+            report.realtime_refused += 1
+        return
     t, left = conn.tracker, False
     for turn in turns:
         with report.lock:

@@ -296,7 +296,8 @@ def generate_markdown(g: dict[str, Any]) -> list[str]:
         f"5xx other than clean refusals: {rest['5xx_not_refusals']}, clean refusals (503 + Retry-After): "
         f"{rest['refused_503']}",
         f"- budgets drawn (max_tokens, realtime max_output_tokens): {g['budgets']}",
-        f"- realtime: {rt['sessions']} sessions, {rt['turns']} spoken turns, {rt['responses_created']} "
+        f"- realtime: {rt['sessions']} sessions ({rt.get('sessions_refused', 0)} more refused 1013 "
+        f"for all of the client's retries), {rt['turns']} spoken turns, {rt['responses_created']} "
         f"responses created, response.done by status {rt['responses_done']}, {rt['generated']} generated "
         f"(done after output, or cancelled), {rt['turns_without_answer']} turns without an answer",
         f"- mid-answer actions: {rt['mid_answer_actions']}",
