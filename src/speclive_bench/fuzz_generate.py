@@ -54,7 +54,7 @@ import httpx
 import numpy as np
 
 from speclive_bench.fuzz import error_object_problem
-from speclive_bench.fuzz_realtime import RealtimeFuzzReport, _Conn, _speech_chunks
+from speclive_bench.fuzz_realtime import RealtimeFuzzReport, _Conn, _settled, _speech_chunks, scrape
 
 #: the largest answer budget drawn
 MAX_BUDGET = 256
@@ -605,8 +605,6 @@ def fuzz_generate(
 ) -> GenerateReport:
     """Generate at least ``responses`` responses (REST and realtime clients at once) or go on
     for ``max_seconds``; RSS before (after a warm-up request and turn), during and after."""
-    from speclive_bench.fuzz_realtime import _settled, scrape
-
     ws_url = url.replace("http://", "ws://", 1) + "/v1/realtime"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     chunks = _speech_chunks(speech)
