@@ -254,9 +254,14 @@ def check_against_fresh(
     (module docstring): every such record gets ``reference`` and ``verdict``, a differing one
     its ``divergence``."""
     pcfg = voice_predgen()  # the server's voice prompt and answer length
-    for r in records:
-        if r.get("answer") is None or r.get("transcript") is None or (restored_only and not r["restored"]):
-            continue
+    todo = [
+        r
+        for r in records
+        if r.get("answer") is not None
+        and r.get("transcript") is not None
+        and (r["restored"] or not restored_only)
+    ]
+    for k, r in enumerate(todo):
         resp = PredictiveResponder(llm, pcfg, mode="cascade", history=r["history"])
         try:
             prompt = resp.prompt_ids(r["transcript"])
@@ -271,6 +276,7 @@ def check_against_fresh(
             r["divergence"] = {"position": pos, **div}
             gap = div["gap_top2"]
         r["verdict"] = classify(r["answer"], res.response, gap)
+        log(f"  checked {k + 1}/{len(todo)}: session {r['session']} turn {r['turn']}: {r['verdict']}")
         if r["verdict"] == "bug":
             log(
                 f"BUG? session {r['session']} turn {r['turn']} (restored: {r['restored']}): the answer "
