@@ -44,6 +44,7 @@ def test_llama_server_plain_has_slots_threads_and_context_per_slot():
 def test_llama_server_speculative_configurations():
     draft = peer_command("llama-server-draft", SETUP)
     assert _flag(draft, "-md") == "/m/draft.gguf"
+    assert _flag(draft, "--spec-type") == "draft-simple"  # -md alone does not speculate in this build
     assert _flag(draft, "-td") == "2" and _flag(draft, "-tbd") == "2" and _flag(draft, "-np") == "8"
     assert _flag(peer_command("llama-server-ngram", SETUP), "--spec-type") == "ngram-simple"
     assert _flag(peer_command("llama-server-ngram-mod", SETUP), "--spec-type") == "ngram-mod"

