@@ -92,3 +92,34 @@ def test_summary_of_a_run_without_evictions():
     s = summarize([_rec(0, False, "equal")], {})
     assert s["kv_cell_evictions"] == 0.0 and s["first_eviction_turn"] is None
     assert s["restored"]["turns"] == 0
+
+
+def test_a_saved_run_is_checked_again_without_a_server(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from speclive_bench import longconv
+
+    held = {
+        "records": [_rec(0, True, None, transcript="hi", history=[]), _rec(1, False, None, transcript="yo")],
+        "final": {"kv_cell_evictions": 1.0, "kv_restores": 1.0},
+        "run_s": 12.5,
+    }
+    path = longconv.save_turns(held, tmp_path / "turns.json")
+    checked: list[bool] = []
+
+    def check(llm: Any, records: list[dict[str, Any]], log: Any, restored_only: bool = False) -> None:
+        checked.append(restored_only)
+        for r in records:
+            if r["restored"] or not restored_only:
+                r["verdict"] = "equal"
+
+    monkeypatch.setattr(longconv, "load_backend", lambda *a, **kw: object())
+    monkeypatch.setattr(longconv, "check_against_fresh", check)
+    monkeypatch.setattr(longconv, "hold_conversations", lambda *a: (_ for _ in ()).throw(AssertionError))
+    opts = longconv.LongConvOptions(turns_from=Path(path), out=tmp_path, command="cmd")
+    result = longconv.run_longconv(opts, lambda m: None)
+    assert checked == [True]
+    s = result["summary"]
+    assert s["turns"] == 2 and s["kv_restores"] == 1.0 and s["run_s"] == 12.5
+    assert s["restored"]["equal"] == 1 and s["resident"]["checked"] == 0
+    assert result["header"]["settings"]["check"] == "restored"

@@ -19,6 +19,8 @@ transcripts and answers the session had) and the turn's transcript (``Predictive
 on a new KV state). An answer equal to it is *equal*; otherwise the first differing token is
 read off plain greedy decoding's logits there: a top-2 gap below ``report.NEAR_TIE_GAP`` is a
 *near-tie* flip (quantized kernels depend on the batch shape), a larger one a *bug*.
+The conversations are saved to the temporary folder before the check
+(``longconv-<tag>-turns.json``); ``--turns-from`` runs the check alone on such a file.
 Results: ``benchmarks/results/longconv-<tag>.{json,md}``.
 """
 
@@ -28,6 +30,7 @@ import argparse
 import base64
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -116,6 +119,9 @@ class LongConvOptions:
     #: llama.cpp threads of the server and the reference: one, since on a shared machine the
     #: threads of one decode wait for each other whenever one of them is not scheduled
     threads: int = threads_option(1, help="llama.cpp threads (server and reference)", always=True)
+    #: the conversations of an earlier run (the JSON it saved before its check): only the check
+    #: runs, on these, with the settings given here (which should be that run's)
+    turns_from: Path | None = option(None, "--turns-from", parse=Path, help="check a saved run's turns")
     out: Path = report.out_option()
     #: results stem longconv-<tag> (the command sets the default: the model)
     tag: str | None = option(None, "--tag", help="results name: longconv-<tag>.*", always=True)
@@ -346,9 +352,9 @@ def longconv_markdown(result: dict[str, Any]) -> str:
 
 
 # ---- the run -----------------------------------------------------------------------------------
-def run_longconv(opts: LongConvOptions, log: Callable[[str], None]) -> dict[str, Any]:
-    """Start the server, hold the conversations, stop it, then check every answer."""
-    load_avg_start = report.load_avg()
+def hold_conversations(opts: LongConvOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    """Start the server, hold the conversations, stop it: the turns' ``records``, the server's
+    ``final`` counts and the conversations' ``run_s``."""
     log(f"speaking {len(QUESTIONS)} questions with Piper ...")
     audio = spoken(QUESTIONS, "piper-joe-medium")  # with the silence that ends a turn after each
     port = free_port()
@@ -380,7 +386,27 @@ def run_longconv(opts: LongConvOptions, log: Callable[[str], None]) -> dict[str,
         final = scrape(httpx.Client(base_url=srv.url, timeout=60))
     finally:
         stop_server(srv)
-    run_s = time.perf_counter() - t0
+    return {"records": records, "final": final, "run_s": round(time.perf_counter() - t0, 1)}
+
+
+def save_turns(held: dict[str, Any], path: Path) -> Path:
+    """``hold_conversations``'s output as JSON (``--turns-from`` checks it again later)."""
+    path.write_text(json.dumps(held, indent=1) + "\n")
+    return path
+
+
+def run_longconv(opts: LongConvOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    """Hold the conversations (or read them: ``--turns-from``), then check the answers. The
+    conversations are saved to the temporary folder before the check, so a check cut short
+    can be run again on them."""
+    load_avg_start = report.load_avg()
+    if opts.turns_from is not None:
+        held = json.loads(opts.turns_from.read_text())
+    else:
+        held = hold_conversations(opts, log)
+        saved = Path(tempfile.gettempdir()) / f"longconv-{opts.tag or opts.model}-turns.json"
+        log(f"conversations saved to {save_turns(held, saved)} (--turns-from checks them again)")
+    records, final = held["records"], held["final"]
     log("answers from fresh states ...")
     # the server's context and KV states (``ChatEngine.load``), in a process of its own
     llm = load_backend(
@@ -399,7 +425,7 @@ def run_longconv(opts: LongConvOptions, log: Callable[[str], None]) -> dict[str,
     }
     return {
         "header": header,
-        "summary": summarize(records, final) | {"run_s": round(run_s, 1)},
+        "summary": summarize(records, final) | {"run_s": held["run_s"]},
         "turns": records,
     }
 
