@@ -359,10 +359,14 @@ def test_response_cancel_stops_the_answer(rt):
         events = _collect(ws, lambda m: m["type"] == "response.done", timeout=60)
         done = events[-1]["response"]
         assert done["id"] == created["response"]["id"] and done["status"] == "cancelled", done
-        # the turn ends (its metrics) without another response
-        after = _collect(ws, lambda m: m["type"] == "speclive.turn_metrics", timeout=60)
-        types = [m["type"] for m in after]
-        assert not any(t.startswith("response.") for t in types), types
+        # the turn ends (its metrics) without another response; a short answer's first sentence
+        # is computed in one unit, so its metrics may have come before the cancel did
+        if not any(m["type"] == "speclive.turn_metrics" for m in events):
+            after = _collect(ws, lambda m: m["type"] == "speclive.turn_metrics", timeout=60)
+            types = [m["type"] for m in after]
+            assert not any(t.startswith("response.") for t in types), types
+        with pytest.raises(TimeoutError):  # and nothing more of that answer comes
+            ws.recv(timeout=2)
     _wait_released(app)
 
 

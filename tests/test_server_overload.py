@@ -153,6 +153,33 @@ def test_worker_serves_the_work_owed_the_longest_first():
     assert order == ["audio", "turn admitted at 2", "its next unit", "late-1", "late-2"]
 
 
+def test_a_long_unit_lets_the_urgent_calls_through_between_its_steps():
+    worker = ModelWorker("test")
+    order: list[str] = []
+    gate = threading.Event()
+
+    def long_unit() -> float:
+        order.append("step 1")
+        gate.wait(10)  # meanwhile: audio (urgent) and another turn's unit are queued
+        spent = worker.run_urgent()
+        order.append("step 2")
+        return spent
+
+    fut = worker.submit_since(1.0, long_unit)
+    while not fut.running():
+        time.sleep(0.001)
+    later = worker.submit_since(2.0, order.append, "the next turn")
+    audio = [worker.submit_since(URGENT, order.append, f"audio {i}") for i in range(2)]
+    gate.set()
+    assert fut.result(5) >= 0.0
+    later.result(5)
+    assert all(a.done() for a in audio)
+    assert order == ["step 1", "audio 0", "audio 1", "step 2", "the next turn"]
+    with pytest.raises(RuntimeError, match="worker's own thread"):
+        worker.run_urgent()  # not from another thread
+    worker.close()
+
+
 def test_admission_reserves_what_admitted_turns_owe_before_their_first_output():
     waits = {"chat": 1.0, "speech": 0.0}
     refused: list[str] = []

@@ -15,8 +15,9 @@ The compute loop also keeps the server's promises about turns:
   the user takes up again stays admitted); it is answered, or cancelled by its client.
 - **Order on the worker.** Incoming audio goes ahead of everything (``URGENT``). Until its
   first output (the answer's audio), an admitted turn's units are owed from its admission, so
-  the turns admitted after it wait for it rather than share the worker with it; the loop adds
-  the worker seconds they take to the turn's reservation. After its first output the rest of
+  the turns admitted after it wait for it rather than share the worker with it, and its steps
+  run in units of up to ``ADMITTED_SLICE_S`` that let the other sessions' audio through between
+  steps; the seconds its steps take are the turn's measured work. After its first output the rest of
   the answer queues like any other work.
 - **Faults.** A pipeline unit that raises (a model failing mid-answer) does not end the
   session: the client gets an ``error`` event (``server_error``), the response in progress ends
@@ -56,6 +57,8 @@ log = logging.getLogger("speclive.server")
 
 #: one step of the pipeline computes at most this long before new audio is taken in
 STEP_S = 0.1
+#: an admitted turn waiting for its first output runs its steps in units of about this long
+ADMITTED_SLICE_S = 1.0
 #: largest audio payload of one append event (OpenAI's limit is 15 MiB of base64)
 MAX_APPEND_BYTES = 15 * 1024 * 1024
 #: received audio not yet taken by the pipeline, past which appends are refused
@@ -315,18 +318,20 @@ class RealtimeSession:
         self.close_with = (CLOSE_OVERLOADED, f"server overloaded; retry in {refusal.retry_after} s")
         self.closed = True
 
+    def _first_output(self) -> tuple[type[ev.Event], ...]:
+        """The events that are a turn's first output in this session's mode."""
+        mode = self.settings.mode
+        if mode == "chat":
+            if not self.settings.speak or self.models.tts is None:
+                return (ev.AnswerDelta,)
+            return (ev.AudioChunk,)
+        return (ev.TranslationUpdate,) if mode == "translate" else (ev.TranscriptFinal,)
+
     def _observe_output(self, e: ev.Event) -> None:
         """The admitted turn's first output closes its reservation (admission learns from it)."""
         if self.reservation is None:
             return
-        mode = self.settings.mode
-        if mode == "chat":
-            first: tuple[type[ev.Event], ...] = (ev.AudioChunk,)
-            if not self.settings.speak or self.models.tts is None:
-                first = (ev.AnswerDelta,)
-        else:
-            first = (ev.TranslationUpdate,) if mode == "translate" else (ev.TranscriptFinal,)
-        if isinstance(e, first):
+        if isinstance(e, self._first_output()):
             self.svc.admission.first_output(self.reservation)
             self.reservation = self.owed_since = None
         elif isinstance(e, ev.TurnMetrics | ev.Interrupted):
@@ -342,26 +347,43 @@ class RealtimeSession:
         self._withdraw()
         await self.start_pipeline(keep_history=True)
 
+    def _admitted_unit(self, worker: Any, pipe: LivePipeline) -> list[ev.Event] | None:
+        """Steps of an admitted turn that waits for its first output, run on the worker as one
+        unit: until that output, a step without events, or for ``ADMITTED_SLICE_S`` (the
+        session's own audio waits for it). Between the steps the other sessions' incoming audio
+        runs (``run_urgent``), so their VADs keep time, and no other turn's unit gets in between.
+        The steps' time is the turn's work."""
+        res, first = self.reservation, self._first_output()
+        out: list[ev.Event] | None = None
+        t_end = time.perf_counter() + ADMITTED_SLICE_S
+        while not self.closed:
+            t0 = time.perf_counter()
+            try:
+                events = pipe.step(pipe.clock() + STEP_S)
+            finally:
+                if res is not None:
+                    res.work_s += time.perf_counter() - t0
+            if events is None:
+                break
+            out = [*(out or []), *events]
+            if not events or any(isinstance(e, first) for e in events) or time.perf_counter() >= t_end:
+                break  # (no events: the step may wait for something else, such as audio)
+            worker.run_urgent()
+        return out
+
     async def _step(self, worker: Any, pipe: LivePipeline) -> list[ev.Event] | None:
         """One unit of the pipeline's compute. Speculation (``pipe.background``) waits for the
         turns other users wait on; while it is still queued, audio that arrives goes first (the
         VAD must hear the end of the turn on time) and the unit is asked for again after it."""
 
-        res = self.reservation
-
         def unit(p: Any = pipe) -> list[ev.Event] | None:
             if self.closed:  # the session ended while this unit waited for its turn
                 return None
-            t0 = time.perf_counter()
-            try:
-                return p.step(p.clock() + STEP_S)
-            finally:
-                if res is not None:
-                    res.work_s += time.perf_counter() - t0
+            return p.step(p.clock() + STEP_S)
 
         if not pipe.background:
-            if self.owed_since is not None:
-                return await worker.call_since(self.owed_since, unit)
+            if self.reservation is not None and self.owed_since is not None:
+                return await worker.call_since(self.owed_since, self._admitted_unit, worker, pipe)
             return await worker.call(unit)
         fut = worker.submit_background(unit)
         while not fut.running() and not fut.done():

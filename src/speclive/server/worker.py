@@ -15,7 +15,8 @@ queue of *turns*:
   takes the unit owed the longest (ties: in the order they came). ``submit_since(since, …)``
   owes a call from an earlier moment: the units of a realtime turn admitted at ``since`` (they
   go ahead of the work that came after the admission), or ``URGENT`` (a session's incoming
-  audio, ahead of everything). Without ``since`` the queue is plain FIFO;
+  audio, ahead of everything). Without ``since`` the queue is plain FIFO. A long unit may let
+  the ``URGENT`` calls through without ending (``run_urgent``);
 - a **background call** (``submit_background`` / ``call_background``) is work nobody waits for
   yet: a live session's speculation while its user is still speaking. It runs only when no
   other turn is queued, so on a busy server speculation gives way to the answers users wait
@@ -267,6 +268,24 @@ class ModelWorker:
     async def call_since(self, since: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``submit_since`` awaited from asyncio."""
         return await asyncio.wrap_future(self.submit_since(since, fn, *args, **kwargs))
+
+    def run_urgent(self) -> float:
+        """Run the ``URGENT`` calls queued now, from inside the unit in progress (only on the
+        worker thread): a long unit lets them through without ending. Returns their seconds."""
+        if threading.current_thread() is not self._thread:
+            raise RuntimeError("run_urgent() runs on the worker's own thread, inside a unit")
+        spent = 0.0
+        while True:
+            with self._cv:
+                task = next((t for t in self._queue if isinstance(t, _Call) and t.since == URGENT), None)
+                if task is None:
+                    return spent
+                self._queue.remove(task)
+            t0 = self._clock()
+            if self._run_call(task):
+                took = self._clock() - t0
+                self.costs.observe_call(task.key, took)
+                spent += took
 
     def now(self) -> float:
         """The worker's clock (what ``since`` is measured on)."""
