@@ -36,6 +36,7 @@ from speclive.server.audio import pcm16  # noqa: E402
 from speclive.server.capacity import (  # noqa: E402
     CALIBRATE_AFTER,
     DEFAULT_WORK_S,
+    HEADROOM,
     MAX_SCALE,
     WORK_WINDOW,
     Admission,
@@ -184,16 +185,22 @@ def test_admission_reserves_what_admitted_turns_owe_before_their_first_output():
     waits = {"chat": 1.0, "speech": 0.0}
     refused: list[str] = []
     clock = FakeClock()
-    adm = Admission(10.0, waits.__getitem__, refused.append, clock=clock)
+    bound = 10.0 / HEADROOM  # estimates may fill 10 s of it
+    adm = Admission(bound, waits.__getitem__, refused.append, clock=clock)
     assert adm.work_s("chat") == DEFAULT_WORK_S  # until a turn was measured
     a = adm.admit_realtime("chat", "chat")  # 1 s queued + its own 1 s
     assert a.estimate_s == pytest.approx(2.0) and adm.reserved_s("chat") == pytest.approx(1.0)
     assert adm.wait_s("chat") == pytest.approx(2.0)  # a REST request waits for the reservation too
-    a.work_s = 3.0  # its units took 3 worker seconds
-    clock.t = 2.0  # and it waited as estimated: the calibration stays at 1
-    adm.first_output(a)
-    assert adm.reserved_s("chat") == 0.0 and adm.open_turns("chat") == 0
-    assert adm.work_s("chat") == pytest.approx(3.0)  # learned from the first measured turn
+    with pytest.raises(Overloaded):  # until turns were measured, one open turn at a time
+        adm.admit_realtime("chat", "chat")
+    for _ in range(CALIBRATE_AFTER):
+        a.work_s = 3.0  # its units took 3 worker seconds
+        clock.t += a.estimate_s  # and it waited as estimated: the calibration stays at 1
+        adm.first_output(a)
+        assert adm.reserved_s("chat") == 0.0 and adm.open_turns("chat") == 0
+        a = adm.admit_realtime("chat", "chat")
+    adm.withdraw(a)
+    assert adm.work_s("chat") == pytest.approx(3.0)  # learned from the measured turns
     turns = [adm.admit_realtime("chat", "chat") for _ in range(2)]
     assert [t.estimate_s for t in turns] == pytest.approx([4.0, 7.0])  # each waits for those before
     turns[0].work_s = 1.0  # 2 s of it are still owed
@@ -202,17 +209,17 @@ def test_admission_reserves_what_admitted_turns_owe_before_their_first_output():
         adm.admit_realtime("chat", "chat", waited_s=1.5)
     err = refusal.value
     assert err.status == 503 and err.code == "server_overloaded" and err.headers == {"Retry-After": "11"}
-    assert refused == ["realtime"] and adm.open_turns("chat") == 2
+    assert refused == ["realtime", "realtime"] and adm.open_turns("chat") == 2
     assert adm.check_realtime("chat", "chat") == pytest.approx(9.0)  # checked, not reserved
     assert adm.open_turns("chat") == 2
     for t in turns:
         adm.withdraw(t)  # ended without output: nothing learned, nothing owed
     assert adm.reserved_s("chat") == 0.0 and adm.work_s("chat") == pytest.approx(3.0)
     adm.admit("chat", "chat")
-    waits["speech"] = 10.5
+    waits["speech"] = bound + 0.6
     with pytest.raises(Overloaded) as refusal:
         adm.admit("speech", "speech")
-    assert refusal.value.retry_after == 11  # rounded up
+    assert refusal.value.retry_after == 14  # rounded up
     Admission(0.0, lambda _: 1e9).admit("chat", "chat")  # 0: no bound
 
 

@@ -31,10 +31,12 @@ admitted turn tells how long it really waited (``first_output``), and the scale 
 ``CALIBRATE_FROM_S`` once ``CALIBRATE_AFTER`` turns were measured, kept between 1 and
 ``MAX_SCALE``). The bound is on the time the user waits, so a realtime turn's estimate is
 added to what it has waited already (from the arrival of the audio that ended its speech to
-the moment the VAD ended the turn). Work whose estimate
-exceeds the bound (``ServerConfig.max_wait_s``) is refused at once with ``Overloaded``: a REST
-503 with ``Retry-After``, a realtime ``error`` event and close 1013. Work with nothing owed
-ahead of it is always admitted, whatever the machine's speed: it cannot start sooner.
+the moment the VAD ended the turn), and it may fill only ``HEADROOM`` of the bound; until
+``CALIBRATE_AFTER`` turns of its mode were measured, a turn is admitted only when no other is
+waiting for its first output. Work whose estimate exceeds the bound
+(``ServerConfig.max_wait_s``) is refused at once with ``Overloaded``: a REST 503 with
+``Retry-After``, a realtime ``error`` event and close 1013. Work with nothing owed ahead of it
+is always admitted, whatever the machine's speed: it cannot start sooner.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ SCALE_QUANTILE = 0.98
 SCALE_STEP = 0.2
 #: the largest correction the calibration applies
 MAX_SCALE = 4.0
+#: the share of the bound a realtime turn's estimate may fill: the rest is kept for what the
+#: estimate does not see (a unit in progress that runs long, a turn whose first sentence is long)
+HEADROOM = 0.8
 
 
 class Overloaded(APIError):
@@ -231,9 +236,15 @@ class Admission:
         Reserves nothing (a new session is checked this way when it connects)."""
         ahead = self.wait_s(worker)
         wait = waited_s + (ahead + self.work_s(mode)) * self.scale(mode)
+        with self._lock:
+            calibrated = len(self._works.get(mode, ())) >= CALIBRATE_AFTER
+            alone = not any(r.worker == worker for r in self._open)
+        if self.max_wait_s <= 0:
+            return wait
         # with nothing owed ahead of it the turn cannot start sooner: it is admitted however
-        # slow the machine is (the bound limits waiting, and its wait teaches the calibration)
-        if 0 < self.max_wait_s < wait and ahead > 0:
+        # slow the machine is (the bound limits waiting, and its wait teaches the calibration);
+        # until the turns of its mode were measured, only a turn with no other open is
+        if ahead > 0 and (wait > HEADROOM * self.max_wait_s or not (calibrated or alone)):
             raise self._refuse("realtime", wait)
         return wait
 
