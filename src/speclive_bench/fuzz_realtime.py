@@ -103,20 +103,26 @@ class RealtimeFuzzReport:
         }
 
 
-def scrape(http: httpx.Client) -> dict[str, float]:
-    """The leak-relevant gauges of ``/metrics`` (and the KV cache's evictions and restores)."""
-    want = {
-        "speclive_live_sessions": "sessions",
-        "speclive_asyncio_tasks": "tasks",
-        "process_resident_memory_bytes": "rss_bytes",
-        "process_open_fds": "open_fds",
-        "speclive_memory_trimmed_bytes_total": "trimmed_bytes",
-        "speclive_kv_cell_evictions_total": "kv_cell_evictions",
-        "speclive_kv_restores_total": "kv_restores",
-    }
+#: the leak-relevant gauges of ``/metrics`` (and the KV cache's evictions and restores), by
+#: their name in a sample
+LEAK_GAUGES = {
+    "speclive_live_sessions": "sessions",
+    "speclive_asyncio_tasks": "tasks",
+    "process_resident_memory_bytes": "rss_bytes",
+    "process_open_fds": "open_fds",
+    "speclive_memory_trimmed_bytes_total": "trimmed_bytes",
+    "speclive_kv_cell_evictions_total": "kv_cell_evictions",
+    "speclive_kv_restores_total": "kv_restores",
+}
+
+
+def scrape(http: httpx.Client, want: dict[str, str] | None = None) -> dict[str, float]:
+    """The gauges of ``/metrics`` named in ``want`` (metric line name, labels included -> name in
+    the sample; default ``LEAK_GAUGES``) that the server has."""
+    want = LEAK_GAUGES if want is None else want
     out: dict[str, float] = {}
     for line in http.get("/metrics").text.splitlines():
-        name, _, value = line.partition(" ")
+        name, _, value = line.rpartition(" ")
         if name in want:
             out[want[name]] = float(value)
     return out

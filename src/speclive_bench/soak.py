@@ -143,16 +143,6 @@ ADMISSION_GAUGES = {
 }
 
 
-def scrape_admission(http: httpx.Client) -> dict[str, float]:
-    """What admission estimates now: the gauges of ``ADMISSION_GAUGES`` that the server has."""
-    out: dict[str, float] = {}
-    for line in http.get("/metrics").text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name in ADMISSION_GAUGES:
-            out[ADMISSION_GAUGES[name]] = float(value)
-    return out
-
-
 class _Voice(threading.Thread):
     """One realtime session speaking its question in a loop until ``deadline``."""
 
@@ -338,7 +328,7 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             th.start()
             time.sleep(0.2)  # a staggered start, as callers arrive
         while any(th.is_alive() for th in [*voices, *chats]):
-            samples.append({"t": time.perf_counter() - t0, **scrape(http), **scrape_admission(http)})
+            samples.append({"t": time.perf_counter() - t0, **scrape(http), **scrape(http, ADMISSION_GAUGES)})
             last = time.perf_counter() - t0
             print(
                 f"  {last / 60:.1f} min: {sum(len(v.turns) for v in voices)} turns, "
@@ -349,7 +339,7 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             time.sleep(opts.sample_s)
         for th in [*voices, *chats]:
             th.join(400)
-        samples.append({"t": time.perf_counter() - t0, **scrape(http), **scrape_admission(http)})
+        samples.append({"t": time.perf_counter() - t0, **scrape(http), **scrape(http, ADMISSION_GAUGES)})
         health = http.get("/health").status_code
     finally:
         stop_server(srv)
