@@ -128,6 +128,20 @@ def _server(opts: FuzzOptions, key: str):
     return app, config, tts
 
 
+#: the server limits a fuzz result records
+LIMITS = (
+    "max_sessions",
+    "max_tokens",
+    "max_speech_chars",
+    "max_body_bytes",
+    "max_audio_s",
+    "max_turn_s",
+    "realtime_idle_s",
+    "realtime_events_per_s",
+    "realtime_send_timeout_s",
+)
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     opts = OPTIONS.build(args)
     key = "fuzz-bench-key"
@@ -190,20 +204,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     finally:
         for lg in loggers:
             lg.removeHandler(errors)
-    limits = {
-        k: getattr(config, k)
-        for k in (
-            "max_sessions",
-            "max_tokens",
-            "max_speech_chars",
-            "max_body_bytes",
-            "max_audio_s",
-            "max_turn_s",
-            "realtime_idle_s",
-            "realtime_events_per_s",
-            "realtime_send_timeout_s",
-        )
-    }
+    limits = {k: getattr(config, k) for k in LIMITS}
     result = {
         "header": {
             **header,
@@ -218,10 +219,15 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     for p in report.write_result_files(result, opts.out, f"fuzz-{opts.tag}", fuzz_markdown, None):
         print(f"wrote {p}", file=sys.stderr)
     print(fuzz_markdown(result))
-    bad = sum(len(r["violations"]) for r in result["rest"]) + len(errors.records)
-    bad += len(ws.violations) if ws is not None else 0
-    bad += len(result["generate"]["violations"]) if gen is not None else 0
-    return 1 if bad else 0
+    return 1 if _problems(result) else 0
+
+
+def _problems(result: dict[str, Any]) -> int:
+    """Violations of every phase of a fuzz result, and the server's ERROR log records."""
+    bad = sum(len(r["violations"]) for r in result["rest"]) + len(result["server_errors_logged"])
+    for phase in ("realtime", "generate"):
+        bad += len(result[phase]["violations"]) if result[phase] is not None else 0
+    return bad
 
 
 def fuzz_markdown(result: dict[str, Any]) -> str:
