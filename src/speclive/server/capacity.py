@@ -202,6 +202,10 @@ class Admission:
         with self._lock:
             return sum(r.worker == worker for r in self._open)
 
+    def _measured(self, mode: str) -> int:
+        with self._lock:
+            return len(self._works.get(mode, ()))
+
     def scale(self, mode: str) -> float:
         """The calibration of ``mode``'s realtime estimates (1 until a loaded turn was measured)."""
         with self._lock:
@@ -211,9 +215,16 @@ class Admission:
         """The estimated wait of a new REST request's first unit on ``worker``."""
         return self._wait_of(worker) + self.reserved_s(worker)
 
+    def _estimate(self, worker: str, mode: str) -> tuple[float, float, float]:
+        """A realtime turn of ``mode`` ending now: what is owed ahead of it, its wait for its
+        first output before the calibration, and the calibration's factor."""
+        ahead = self.wait_s(worker)
+        return ahead, ahead + self.work_s(mode), self.scale(mode)
+
     def realtime_wait_s(self, worker: str, mode: str) -> float:
         """The estimated wait of a realtime turn of ``mode`` ending now for its first output."""
-        return (self.wait_s(worker) + self.work_s(mode)) * self.scale(mode)
+        _, base, scale = self._estimate(worker, mode)
+        return base * scale
 
     # ---- decisions ----------------------------------------------------------------------
     def _refuse(self, kind: str, wait: float) -> Overloaded:
@@ -230,39 +241,42 @@ class Admission:
             raise self._refuse(kind, wait)
         return wait
 
+    def _checked(self, worker: str, mode: str, waited_s: float) -> tuple[float, float, int]:
+        """``_estimate``'s wait before the calibration and its factor, and the turns of ``mode``
+        measured so far, for a realtime turn whose user has waited ``waited_s`` already; refused
+        (``Overloaded``) when that wait plus its estimate is over the bound."""
+        ahead, base, scale = self._estimate(worker, mode)
+        measured = self._measured(mode)
+        wait = waited_s + base * scale
+        # with nothing owed ahead of it the turn cannot start sooner: it is admitted however
+        # slow the machine is (the bound limits waiting, and its wait teaches the calibration);
+        # until the turns of its mode were measured, only a turn with no other open is
+        if self.max_wait_s > 0 and ahead > 0:
+            alone = self.open_turns(worker) == 0
+            if wait > HEADROOM * self.max_wait_s or not (measured >= CALIBRATE_AFTER or alone):
+                raise self._refuse("realtime", wait)
+        return base, scale, measured
+
     def check_realtime(self, worker: str, mode: str, waited_s: float = 0.0) -> float:
         """Refuse (``Overloaded``) a realtime turn of ``mode`` ending now, whose user has waited
         ``waited_s`` already, when that plus its estimate exceeds the bound; returns the sum.
         Reserves nothing (a new session is checked this way when it connects)."""
-        ahead = self.wait_s(worker)
-        wait = waited_s + (ahead + self.work_s(mode)) * self.scale(mode)
-        with self._lock:
-            calibrated = len(self._works.get(mode, ())) >= CALIBRATE_AFTER
-            alone = not any(r.worker == worker for r in self._open)
-        if self.max_wait_s <= 0:
-            return wait
-        # with nothing owed ahead of it the turn cannot start sooner: it is admitted however
-        # slow the machine is (the bound limits waiting, and its wait teaches the calibration);
-        # until the turns of its mode were measured, only a turn with no other open is
-        if ahead > 0 and (wait > HEADROOM * self.max_wait_s or not (calibrated or alone)):
-            raise self._refuse("realtime", wait)
-        return wait
+        base, scale, _ = self._checked(worker, mode, waited_s)
+        return waited_s + base * scale
 
     def admit_realtime(self, worker: str, mode: str, waited_s: float = 0.0) -> Reservation:
         """Admit a realtime turn of ``mode`` that ended now, after its user has waited
         ``waited_s`` already, or refuse it (``Overloaded``) when that plus its estimate exceeds
         the bound. The reservation is open until ``first_output`` or ``withdraw``."""
-        estimate = self.check_realtime(worker, mode, waited_s) - waited_s
-        with self._lock:
-            measured = len(self._works.get(mode, ()))
-        res = Reservation(worker, mode, self._clock(), estimate, estimate / self.scale(mode), measured)
+        base, scale, measured = self._checked(worker, mode, waited_s)
+        res = Reservation(worker, mode, self._clock(), base * scale, base, measured)
         with self._lock:
             self._open.append(res)
         return res
 
     def first_output(self, res: Reservation) -> None:
-        """``res``'s turn produced its first output: its reservation closes, its work teaches the
-        average and its real wait the calibration."""
+        """``res``'s turn produced its first output: its reservation closes, its work joins the
+        measured turns of its mode and its real wait teaches the calibration."""
         real = self._clock() - res.admitted_t
         with self._lock:
             if res not in self._open:

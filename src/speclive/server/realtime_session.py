@@ -382,7 +382,7 @@ class RealtimeSession:
             return p.step(p.clock() + STEP_S)
 
         if not pipe.background:
-            if self.reservation is not None and self.owed_since is not None:
+            if self.owed_since is not None:  # set and cleared with the reservation
                 return await worker.call_since(self.owed_since, self._admitted_unit, worker, pipe)
             return await worker.call(unit)
         fut = worker.submit_background(unit)
