@@ -423,6 +423,27 @@ def test_eviction_and_sequential_states(gguf: Path, tok: Tokenizer, prefix: list
         assert be.cache_len(s4) == 4
 
 
+def test_a_parked_state_is_evicted_first(gguf: Path, tok: Tokenizer, prefix: list[int]) -> None:
+    """``park``: a parked state gives its home up first, even when it was used last; any use
+    (or ``unpark``) makes it an ordinary state again."""
+    with LlamaCppBackend(gguf, tok, n_ctx=256, n_threads=THREADS, max_states=2, max_tree_branches=2) as be:
+        old, parked = be.new_state(), be.new_state()
+        be.extend(old, prefix[:4])
+        be.extend(parked, prefix)
+        be.park(parked)
+        be.new_state()  # needs a home: the parked state's, not the least recently used one's
+        assert parked.evicted and not old.evicted and be.cache_len(old) == 4
+        be.release(parked)
+        assert not parked.parked and not parked.evicted
+        a, b = be.new_state(), be.new_state()
+        be.extend(a, prefix[:3])
+        be.extend(b, prefix[:3])
+        be.park(b)
+        be.extend(b, [5])  # used again: no longer parked, so a (least recent) gives way
+        be.new_state()
+        assert a.evicted and not b.evicted
+
+
 def test_an_evicted_state_is_restored_on_use_when_asked(
     gguf: Path, tok: Tokenizer, prefix: list[int]
 ) -> None:

@@ -152,11 +152,11 @@ def test_chat_stop_length_and_models(srv):
     assert srv.client.models.retrieve("whisper-1").model_extra["root"] == "whisper-tiny.en"
 
 
-def _reference(srv, prompt: str, n: int) -> tuple[list[int], list[float]]:
-    """``decoder.greedy_reference`` (plain greedy with each step's top-2 logit gap), run on the
-    server's LLM worker (the backend is not thread-safe)."""
+def _reference(srv, prompt: str | list[dict], n: int) -> tuple[list[int], list[float]]:
+    """``decoder.greedy_reference`` (plain greedy with each step's top-2 logit gap) of a user
+    message or a conversation, run on the server's LLM worker (the backend is not thread-safe)."""
     b = srv.backend
-    ids = b.tokenizer.chat(_ask(prompt))
+    ids = b.tokenizer.chat(_ask(prompt) if isinstance(prompt, str) else prompt)
     return srv.app.state.speclive.worker("chat").submit(greedy_reference, b, ids, n).result(120)
 
 
@@ -168,7 +168,7 @@ EXACT_PROMPTS = [
 ]
 
 
-def _assert_greedy(srv, prompt: str, text: str, n: int) -> None:
+def _assert_greedy(srv, prompt: str | list[dict], text: str, n: int) -> None:
     """``text`` is the target's greedy answer, or departs from it only at a near tie."""
     tok = srv.backend.tokenizer
     ref, gaps = _reference(srv, prompt, n)
@@ -226,6 +226,29 @@ def test_concurrent_streams_keep_their_own_state(srv):
     batches = _metric(srv.http, "speclive_verify_batch_size_count") - batches
     passes = _metric(srv.http, "speclive_verify_batch_size_sum") - passes
     assert batches and passes / batches > 1.5, (batches, passes)
+
+
+def test_a_next_turn_starts_from_the_previous_requests_cache(srv):
+    """The prompt cache: a conversation's next request reuses the cache the previous one left
+    (its prompt and answer are not prefilled again), and still answers greedily."""
+    first = _ask("Name three primary colors, in one short sentence.")
+    r1 = srv.client.chat.completions.create(model=SMALL, messages=first, max_tokens=24, temperature=0)
+    _wait_idle(srv)
+    hits = _metric(srv.http, "speclive_prompt_cache_hits_total")
+    reused = _metric(srv.http, "speclive_prompt_cache_reused_tokens_total")
+    turn2 = [
+        *first,
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "Which of them is the warmest?"},
+    ]
+    r2 = srv.client.chat.completions.create(model=SMALL, messages=turn2, max_tokens=24, temperature=0)
+    _wait_idle(srv)
+    assert _metric(srv.http, "speclive_prompt_cache_hits_total") - hits == 1
+    got = _metric(srv.http, "speclive_prompt_cache_reused_tokens_total") - reused
+    assert got >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 2, (got, r1.usage)
+    assert got < r2.usage.prompt_tokens
+    _assert_greedy(srv, turn2, r2.choices[0].message.content, 24)
+    assert _metric(srv.http, "speclive_prompt_cache_states") >= 1
 
 
 def test_client_disconnect_mid_stream(srv):

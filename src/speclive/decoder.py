@@ -369,6 +369,7 @@ class SpeculativeDecoder:
         drafter: Drafter | None = None,
         rule: AcceptanceRule | None = None,
         knowledge: KnowledgeStore | None = None,
+        state: BackendState | None = None,
     ):
         self.target = target
         self.drafter = drafter
@@ -376,7 +377,9 @@ class SpeculativeDecoder:
         #: saved controller state: loaded before the first generation, saved after each one
         self.knowledge = knowledge if drafter is not None else None
         self._knowledge_loaded = False
-        self.state: BackendState = target.new_state()
+        #: the target's KV state: ``state`` when given (a parked cache whose prefix the next
+        #: prompt may share: ``_prefill`` keeps the common part), else a new one
+        self.state: BackendState = state if state is not None else target.new_state()
         # the target's cost curve at the drafter's ``target_threads`` (it differs from the usual
         # one): this decoder's passes are timed into it while the drafter drafts
         self._drafting_cost: CostModel | None = None
@@ -388,8 +391,11 @@ class SpeculativeDecoder:
         self._threads_applied = False
         self._own_threads: int | None = None
 
-    def close(self) -> None:
-        self.target.release(self.state)
+    def close(self, release_state: bool = True) -> None:
+        """Close the drafter and release the state (``release_state`` False: the caller keeps
+        ``state`` and its cache)."""
+        if release_state:
+            self.target.release(self.state)
         if self.drafter is not None:
             self.drafter.close()
 
@@ -549,7 +555,9 @@ class Decoder(Protocol):
 
     def prefill(self, prompt_ids: Sequence[int]) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, release_state: bool = True) -> None:
+        """Release what the decoder holds (``release_state`` False: not its KV state)."""
+        ...
 
 
 def make_decoder(
@@ -557,10 +565,14 @@ def make_decoder(
     drafter: Drafter | None = None,
     rule: AcceptanceRule | None = None,
     knowledge: KnowledgeStore | None = None,
+    state: BackendState | None = None,
 ) -> Decoder:
-    """The decode loop for ``target``: ``SpeculativeDecoder`` for an in-process backend; a
-    remote engine (``in_process`` False: ``speclive.engines.vllm.VLLMEngine``) brings its own
-    loop from its ``make_decoder``, with the same interface (``Decoder``)."""
+    """The decode loop for ``target``: ``SpeculativeDecoder`` for an in-process backend (on
+    ``state`` when given, e.g. a parked cache to reuse); a remote engine (``in_process`` False:
+    ``speclive.engines.vllm.VLLMEngine``) brings its own loop from its ``make_decoder``, with
+    the same interface (``Decoder``), and keeps its cache itself (``state`` must be None)."""
     if target.in_process:
-        return SpeculativeDecoder(target, drafter, rule, knowledge)
+        return SpeculativeDecoder(target, drafter, rule, knowledge, state)
+    if state is not None:
+        raise ValueError(f"{target.name} is a remote engine: it takes no KV state")
     return target.make_decoder(drafter, rule, knowledge)

@@ -211,6 +211,14 @@ class Backend(ABC):
     def release(self, state: BackendState) -> None:
         self.truncate(state, 0)
 
+    def park(self, state: BackendState) -> None:
+        """Keep ``state``'s cache only while nothing else needs its room: where states evict
+        each other (``max_states``), a parked state is evicted before any other; ``unpark`` or
+        any use of the state ends it. Nothing to do where states never evict."""
+
+    def unpark(self, state: BackendState) -> None:
+        """``state`` is in use again: evicted only in its turn (least recently used)."""
+
     def default_cost_prior(self) -> dict[int, float] | None:
         return None
 

@@ -19,15 +19,16 @@ KV-cache layout (one llama.cpp context, unified KV buffer, flash attention off):
   is shared, not copied.
 
 Several states can live at once (``max_states``, default 4). When ``new_state``/``fork`` needs a
-home and none is free, the least recently used state is *evicted*: its cache is cleared and any
-later use raises ``RuntimeError`` until it is reset with ``truncate(state, 0)`` or ``release``
-(with ``restore_evicted``, its next use instead prefills its tokens again in a new home).
+home and none is free, the least recently used state (a parked one first: ``park``) is
+*evicted*: its cache is cleared and any later use raises ``RuntimeError`` until it is reset
+with ``truncate(state, 0)`` or ``release`` (with ``restore_evicted``, its next use instead
+prefills its tokens again in a new home).
 With ``max_states=1`` every new state thus replaces the previous one (plain sequential use).
 States that are garbage collected give their home back automatically. All states share the
 KV cells of the context (``n_cells``, at least ``n_ctx``); running out raises
 ``ContextOverflowError``, except with ``restore_evicted``: then the least recently used other
-states are evicted until the new tokens fit (a server's idle conversations give way to the
-active ones). A backend is not thread-safe: use it from one thread at a time.
+states (parked ones first) are evicted until the new tokens fit (a server's idle conversations
+give way to the active ones). A backend is not thread-safe: use it from one thread at a time.
 
 Numerics: logits of a k-token batch differ from one-token steps by up to ~0.7 (quantized
 kernels depend on the batch shape), so llama.cpp is *close to*, not bit-identical with, a fresh
@@ -104,6 +105,8 @@ class LlamaCppState(BackendState):
     #: for each pending tree node, one branch sequence id that contains it
     node_seq: list[int] = field(default_factory=list)
     last_use: int = 0
+    #: parked (``park``): evicted before every state that is not
+    parked: bool = False
     #: id of the backend whose sequences these are (0: none yet)
     owner: int = field(default=0, repr=False)
     _finalizer: Any = field(default=None, repr=False)
@@ -327,7 +330,13 @@ class LlamaCppBackend(Backend):
         st.tokens.clear()
         st.pending = st.pending_parents = None
         st.branch_seqs, st.node_seq = [], []
-        st.evicted = False
+        st.evicted = st.parked = False
+
+    def park(self, state: BackendState) -> None:
+        self._as_state(state).parked = True
+
+    def unpark(self, state: BackendState) -> None:
+        self._as_state(state).parked = False
 
     def _as_state(self, state: BackendState) -> LlamaCppState:
         if not isinstance(state, LlamaCppState):
@@ -365,6 +374,7 @@ class LlamaCppBackend(Backend):
     def _touch(self, st: LlamaCppState) -> None:
         self._tick += 1
         st.last_use = self._tick
+        st.parked = False
 
     def _branch_base(self, home: int) -> int:
         return self.max_states + home * self.max_tree_branches
@@ -629,13 +639,14 @@ class LlamaCppBackend(Backend):
         return True
 
     def _evict_least_recent(self, may: Callable[[int, LlamaCppState], bool]) -> bool:
-        """Evict the least recently used live state for which ``may(home, state)`` holds: its
-        sequences are cleared and its home freed; False when there is none."""
+        """Evict the least recently used live state for which ``may(home, state)`` holds,
+        parked states first: its sequences are cleared and its home freed; False when there is
+        none."""
         owners = ((h, ref()) for h, ref in self._owners.items())
-        live = [(v.last_use, h, v) for h, v in owners if v is not None and may(h, v)]
+        live = [(not v.parked, v.last_use, h, v) for h, v in owners if v is not None and may(h, v)]
         if not live:
             return False
-        _, home, victim = min(live, key=lambda x: (x[0], x[1]))
+        *_, home, victim = min(live, key=lambda x: x[:3])
         self._clear_seqs(home)
         self._free_home(victim)
         victim.evicted = bool(victim.tokens) or victim.pending is not None

@@ -392,7 +392,8 @@ class VLLMDecoder:
         self.replica = engine.acquire()
         self._closed = False
 
-    def close(self) -> None:
+    def close(self, release_state: bool = True) -> None:
+        """Give the replica back (the remote engine keeps its own cache: no state here)."""
         if not self._closed:
             self._closed = True
             self.engine.release(self.replica)

@@ -27,6 +27,7 @@ from speclive.engines.vllm import connect
 from speclive.knowledge import KnowledgeStore, disabled_by_env
 from speclive.loader import load_backend, make_drafter
 from speclive.server.config import ServerConfig
+from speclive.server.prompt_cache import PromptCache
 from speclive.server.worker import Batched
 
 #: decoder finish reasons -> OpenAI's
@@ -91,10 +92,14 @@ class ChatEngine:
         self.max_parallel: int | None = backend.max_states if backend.in_process else None
         #: called with the number of passes of each batched verification (metrics)
         self.on_batch: Callable[[int], None] | None = None
+        #: finished requests' caches for requests that continue them (where states evict)
+        self.prompt_cache: PromptCache | None = None
         if backend.in_process:
             # realtime sessions hold KV states too: a state evicted to make room for another
             # session is prefilled again when its owner next needs it, instead of failing it
             backend.restore_evicted = True
+            if config.prompt_cache and backend.max_states:
+                self.prompt_cache = PromptCache(backend, backend.max_states)
 
     def verify_together(self, passes: list[tuple[Any, list[int], list[int]]]) -> list[Any]:
         """The verification passes of the completions in progress, as one ``extend_many``."""
@@ -162,7 +167,10 @@ class ChatEngine:
         if drafter is not None and self.config.knowledge and not disabled_by_env():
             # every request has a fresh drafter: it starts from what earlier ones learned
             knowledge = KnowledgeStore(self.backend, drafter, self.config.drafter)
-        dec = make_decoder(self.backend, drafter, knowledge=knowledge)
+        cache = self.prompt_cache
+        # with a prompt cache the state is this request's to park when it ends
+        state = None if cache is None else cache.take(ids) or self.backend.new_state()
+        dec = make_decoder(self.backend, drafter, knowledge=knowledge, state=state)
         steps = dec.stepwise(ids, cfg)
         try:
             reply = None
@@ -181,4 +189,6 @@ class ChatEngine:
             yield ChatDone(result.stats)
         finally:
             steps.close()  # the drafter's end() before the state goes
-            dec.close()
+            dec.close(release_state=state is None)
+            if cache is not None and state is not None:
+                cache.park(state)

@@ -56,6 +56,15 @@ class ServerConfig:
     max_draft: int | None = max_draft_option()
     threshold: float = threshold_option()
     datastore: str | None = datastore_option()
+    #: keep finished completions' KV caches for requests that begin the same way (a chat's next
+    #: turn; ``server/prompt_cache.py``): in-process llama.cpp only
+    prompt_cache: bool = option(
+        True,
+        "--no-prompt-cache",
+        off=True,
+        help="prefill every chat request in full (default: reuse the cache of an earlier request "
+        "whose prompt it continues)",
+    )
     #: load/save what the drafter learned across requests and restarts (``speclive.knowledge``;
     #: ``speclive serve`` turns it on unless ``--no-knowledge``)
     knowledge: bool = knowledge_option(default=False)

@@ -33,7 +33,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
@@ -154,10 +154,11 @@ class Metrics:
         """Count ``loop``'s tasks at each scrape."""
         self.tasks.set_function(lambda: len(asyncio.all_tasks(loop)))
 
-    def watch_kv(self, backend: Any) -> None:
+    def watch_kv(self, backend: Any, prompt_cache: Any = None) -> None:
         """Count ``backend``'s KV-cache evictions and restores at each scrape (llama.cpp:
-        conversations that gave their cells to busier ones, and were prefilled again)."""
-        self.registry.register(_KVCollector(backend))
+        conversations that gave their cells to busier ones, and were prefilled again), and the
+        chat requests that started from a parked cache (``server/prompt_cache.py``)."""
+        self.registry.register(_KVCollector(backend, prompt_cache))
 
     def watch_queue(self, worker: str, pending: Callable[[], int], wait_s: Callable[[], float]) -> None:
         """Read ``worker``'s queue length and estimated wait at each scrape."""
@@ -171,10 +172,11 @@ class Metrics:
 class _KVCollector:
     """The backend's own eviction and restore counts, read when ``/metrics`` is scraped."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, prompt_cache: Any = None) -> None:
         self.backend = backend
+        self.prompt_cache = prompt_cache
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         yield CounterMetricFamily(
             "speclive_kv_cell_evictions",
             "Conversations evicted from the KV cache because its cells ran out",
@@ -185,3 +187,17 @@ class _KVCollector:
             "Evicted conversations prefilled again on their next turn",
             value=self.backend.restores,
         )
+        pc = self.prompt_cache
+        if pc is None:
+            return
+        yield CounterMetricFamily(
+            "speclive_prompt_cache_hits",
+            "Chat requests that started from an earlier request's cache",
+            value=pc.hits,
+        )
+        yield CounterMetricFamily(
+            "speclive_prompt_cache_reused_tokens",
+            "Prompt tokens those requests did not prefill",
+            value=pc.reused_tokens,
+        )
+        yield GaugeMetricFamily("speclive_prompt_cache_states", "Parked KV states", value=len(pc))

@@ -75,7 +75,7 @@ class Services:
             chat.on_batch = self.metrics.batch.observe
         backend = getattr(chat, "backend", None)
         if backend is not None and hasattr(backend, "cell_evictions"):
-            self.metrics.watch_kv(backend)
+            self.metrics.watch_kv(backend, getattr(chat, "prompt_cache", None))
 
     # ---- workers ------------------------------------------------------------------------
     def worker_name(self, kind: str) -> str:

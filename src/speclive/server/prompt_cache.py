@@ -1,0 +1,81 @@
+"""Finished chat completions' KV caches, kept for the next request that begins the same way.
+
+A client of an OpenAI server sends the whole conversation with every request, so a chat's
+next turn repeats the previous prompt and answer before its new message (llama-server keeps
+each slot's last prompt for this; vLLM caches prefix blocks). When a completion ends, its KV
+state is *parked* here instead of released (``Backend.park``): it keeps its cache while nothing
+else needs the room, and the backend evicts parked states before any other, so a realtime
+conversation or a running request never gives way to one.
+
+A new request takes the parked state that shares the longest prefix with its prompt, if that
+prefix is at least half of what the state holds (a next turn, a repeated prompt); the decoder
+then keeps the common part and prefills only the rest (``SpeculativeDecoder._prefill``). A
+request that matches less starts from a new state and leaves the parked ones to their own
+conversations. Greedy answers are those of a fresh state, up to llama.cpp's batch-shape
+numerics (docs/engine.md, exactness).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from speclive.backends.base import Backend, BackendState, common_prefix_len
+
+#: a parked state is reused when the prompt shares at least this fraction of its tokens
+MIN_SHARED = 0.5
+
+
+class PromptCache:
+    """At most ``capacity`` parked states of ``backend``, least recently parked first."""
+
+    def __init__(self, backend: Backend, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"a prompt cache holds at least one state, not {capacity}")
+        self.backend = backend
+        self.capacity = capacity
+        self._parked: list[BackendState] = []
+        #: requests that started from a parked state, and the prompt tokens they did not prefill
+        self.hits = 0
+        self.reused_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._parked)
+
+    def take(self, prompt: Sequence[int]) -> BackendState | None:
+        """The parked state to start ``prompt`` from (no longer parked), or None: start from a
+        new state. States the backend evicted meanwhile are released here."""
+        self._drop_evicted()
+        head = list(prompt[:-1])  # the decoder keeps at most prompt[:-1] of a cache
+        best, shared = None, 0
+        for st in self._parked:
+            n = common_prefix_len(st.tokens, head)
+            if n > shared and n >= MIN_SHARED * len(st.tokens):
+                best, shared = st, n
+        if best is None:
+            return None
+        self._parked.remove(best)
+        self.backend.unpark(best)
+        self.hits += 1
+        self.reused_tokens += shared
+        return best
+
+    def park(self, state: BackendState) -> None:
+        """Keep ``state``'s cache for a later request, or release it (a pending tree extension,
+        or no tokens); past ``capacity`` the least recently parked state is released."""
+        if state.pending is not None or not state.tokens or getattr(state, "evicted", False):
+            self.backend.release(state)
+            return
+        self.backend.park(state)
+        self._parked.append(state)
+        while len(self._parked) > self.capacity:
+            self.backend.release(self._parked.pop(0))
+
+    def clear(self) -> None:
+        """Release every parked state."""
+        while self._parked:
+            self.backend.release(self._parked.pop())
+
+    def _drop_evicted(self) -> None:
+        for st in [s for s in self._parked if getattr(s, "evicted", False)]:
+            self._parked.remove(st)
+            self.backend.release(st)
