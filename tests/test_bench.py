@@ -133,6 +133,10 @@ def test_summarize_and_writers(tmp_path: Path) -> None:
     by = {r["method"]: r for r in rows}
     assert by["ar"]["speedup"] == pytest.approx(1.0)
     assert by["ngram"]["speedup"] == pytest.approx((6 / 2.0) / (6 / 3.0))
+    # per prompt: 2x on p1, 1x on p2 (the summed ratio above weighs p1's longer time more)
+    paired = by["ngram"]["decode_speedup_paired"]
+    assert paired["median"] == pytest.approx(1.5) and paired["geomean"] == pytest.approx(2**0.5)
+    assert paired["n"] == 2 and by["ngram"]["speedup_paired"]["median"] == pytest.approx(1.5)
     assert by["ngram"]["identical"] == 1 and by["ngram"]["near_tie"] == 1 and by["ngram"]["bugs"] == 0
     assert by["ngram"]["acceptance_rate"] == pytest.approx(0.5)
     assert by["ngram"]["bound_trace"] is not None and by["ngram"]["efficiency"] is not None
@@ -156,6 +160,7 @@ def test_summarize_and_writers(tmp_path: Path) -> None:
     assert json.loads(paths["json"].read_text())["summary"][0]["method"] == "ar"
     md = paths["md"].read_text()
     assert "## s" in md and "| ngram |" in md and "speclive bench decode" in md
+    assert "| 1.50 [1.00, 2.00] (gm 1.41) |" in md  # the per-prompt ratio with its interval
     assert paths["png"].read_bytes()[:8] == PNG_MAGIC
 
 

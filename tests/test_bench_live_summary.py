@@ -54,3 +54,22 @@ def test_the_markdown_shows_the_ceilings():
     md = chat_markdown(result)
     assert "| predgen | 4.05× [" in md  # the ceiling vs cascade, with its interval
     assert md.count("| predgen |") == 3  # latency, ratios, ceilings
+
+
+def test_the_house_ratio_is_the_median_of_per_sample_ratios():
+    """``vs_<baseline>``: per sample baseline / method, its median, interval, geomean and p90;
+    it differs from the ratio of medians when the samples differ in how they gain."""
+    recs = _records(5)
+    # predgen gains 4x on one sample and nothing on the others: per sample the median is 1.0
+    for r in recs:
+        if r["method"] == "cascade":
+            r["latency_s"] = 1.0
+        if r["method"] == "predgen":
+            r["latency_s"] = 0.25 if r["id"] == 0 else 1.0
+    pg = {r["method"]: r for r in summarize_chat(recs, METHODS)}["predgen"]
+    v = pg["vs_cascade"]
+    assert v["median"] == pytest.approx(1.0) and v["n"] == 5
+    assert v["geomean"] == pytest.approx(4 ** (1 / 5)) and v["p90"] > 2.0
+    assert v["lo"] <= v["median"] <= v["hi"]
+    md = chat_markdown({"header": {"command": "x"}, "summary": [pg]})
+    assert "| predgen | 1.00 [" in md and "(gm 1.32)" in md

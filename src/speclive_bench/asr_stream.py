@@ -54,7 +54,7 @@ from speclive_bench.asr import Clip
 from speclive_bench.datasets import mtbench_questions
 from speclive_bench.harness import rotated
 from speclive_bench.report import _pyplot, markdown_preamble, md_table, word_error_rate
-from speclive_bench.stats import paired_ratio, percentile
+from speclive_bench.stats import paired_ratio, percentile, ratio_text
 
 METHODS = (
     "ar",
@@ -309,13 +309,6 @@ def summarize(rows: Sequence[dict], methods: Sequence[str]) -> list[dict[str, An
 
 
 # ---- output -----------------------------------------------------------------------------------
-def ratio_text(d: dict | None) -> str:
-    """A ``paired_ratio`` as "median [lo, hi] (gm geomean)"."""
-    if not d or d.get("median") is None:
-        return "–"
-    return f"{d['median']:.2f} [{d['lo']:.2f}, {d['hi']:.2f}] (gm {d['geomean']:.2f})"
-
-
 def markdown(result: dict[str, Any]) -> str:
     lines = markdown_preamble(
         "Streaming ASR: passes drafted by the previous passes", result.get("header", {})

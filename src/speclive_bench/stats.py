@@ -10,7 +10,8 @@ The resampling is seeded (``SEED``), so a result file's intervals are reproducib
 - ``ratio_of_sums``: (Σa_num / Σa_den) / (Σb_num / Σb_den), e.g. throughput over throughput on
   the same prompts, paired bootstrap interval;
 - ``percentile_ci``: one sample's q-th percentile with its bootstrap interval;
-- ``percentile``: q in 0..100, None for no data.
+- ``percentile``: q in 0..100, None for no data;
+- ``ratio_text``: a ``paired_ratio`` as table text.
 """
 
 from __future__ import annotations
@@ -96,6 +97,13 @@ def paired_ratio(
     if p90:
         out["p90"] = float(np.percentile(r, 90))
     return out
+
+
+def ratio_text(d: dict | None) -> str:
+    """A ``paired_ratio`` as "median [lo, hi] (gm geomean)"; "–" for none."""
+    if not d or d.get("median") is None:
+        return "–"
+    return f"{d['median']:.2f} [{d['lo']:.2f}, {d['hi']:.2f}] (gm {d['geomean']:.2f})"
 
 
 def percentile_ci(

@@ -56,10 +56,9 @@ from speclive.live.voicechat import voice_predgen
 from speclive.options import OptionSet, option
 from speclive.sessions.predictive import PredGenConfig, PredictiveResponder, chat_prompt
 from speclive_bench import report
-from speclive_bench.asr_stream import ratio_text
 from speclive_bench.exactness import ar_logit_gap, first_divergence
 from speclive_bench.pipecat_peer import run_pipecat
-from speclive_bench.stats import paired_ratio, percentile
+from speclive_bench.stats import paired_ratio, percentile, ratio_text
 from speclive_bench.turnset import load_turnset, turns
 
 #: live policies: ``silence:S`` (the VAD timeout alone, S seconds), ``audio``, ``text``, ``fused``
