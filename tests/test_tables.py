@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from speclive_bench import tables
-from speclive_bench.tables import STATUSES, TableError, block, check, check_links, extract
+from speclive_bench.tables import STATUSES, TableError, block, check, check_links, extract, figure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,6 +46,18 @@ def test_figure_paths() -> None:
     assert extract(doc, "summary[set=b].v.1") == 6
     with pytest.raises(TableError):
         extract(doc, "summary[set=c].v")
+
+
+def test_a_lossy_figure_shows_its_quality_beside_it() -> None:
+    doc = {"summary": [{"m": "topk", "speedup": 2.5, "identical": 8, "n": 80}]}
+    spec = {
+        "figure": "summary[m=topk].speedup",
+        "format": "{:.1f}×",
+        "quality": [{"figure": "summary[m=topk].identical", "format": "{} identical"}],
+    }
+    assert figure(doc, spec) == (2.5, "2.5× (quality: 8 identical)")
+    with pytest.raises(TableError):  # a quality the file lacks is an error, as any figure
+        figure(doc, {**spec, "quality": [{"figure": "summary[m=topk].chrf"}]})
 
 
 def _tree(tmp_path: Path, clean: bool) -> Path:

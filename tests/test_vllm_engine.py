@@ -342,6 +342,9 @@ def test_bench_scale_runs_and_reports(lm, server, tmp_path):
         if r["method"] in ("ssbd b=0", "predgen"):  # lossless, and the fake server is deterministic
             a, b = r["identical"].split("/")
             assert a == b and int(b) == r["sessions"]
+        if r["workload"] == "retranslate" and r["method"] != "ar":  # every update compared with ar's
+            a, b = (int(x) for x in r["equal_updates"].split("/"))
+            assert 0 < b and a <= b and (a == b or r["method"] == "ssbd b=0.2")
     assert sum(1 for r in result["records"] if r["workload"] == "chat") == 2 * (1 + 3)
     paths = write_outputs(result, tmp_path, "scale-test", plot_it=False)
     assert "Re-translation (SSBD)" in markdown(result)

@@ -14,6 +14,9 @@ options the command rewrites them; ``--check`` exits 1 when a committed block di
 the files give, when a doc cites a result file that does not exist (``check_links``), or when a
 file in ``benchmarks/results`` lacks a full provenance from a clean tree (``unprovenanced``).
 
+A row or history entry may add ``quality``: a list of ``{figure, format}`` read from the same
+file and shown after the figure, so a lossy mode's quality stands beside its speed.
+
 A figure is a path into the JSON: dotted keys, ``name[key=value,...]`` picks the first element
 of a list whose fields equal those values (compared as text), a number indexes a list, e.g.
 ``summary[set=code-edit,method=ngram].decode_speedup``.
@@ -102,9 +105,14 @@ def extract(doc: Any, expr: str) -> Any:
 
 
 def figure(doc: Any, spec: Mapping[str, Any]) -> tuple[float | int | str, str]:
-    """``(value, text)`` of the figure ``spec`` (``figure``, ``format``) in ``doc``."""
+    """``(value, text)`` of the figure ``spec`` (``figure``, ``format``) in ``doc``, followed by
+    its ``quality`` figures (a lossy mode's quality beside its speed), read the same way."""
     value = extract(doc, spec["figure"])
-    return value, spec.get("format", "{}").format(value)
+    text = spec.get("format", "{}").format(value)
+    quality = [q.get("format", "{}").format(extract(doc, q["figure"])) for q in spec.get("quality", [])]
+    if quality:
+        text += f" (quality: {', '.join(quality)})"
+    return value, text
 
 
 @dataclass(frozen=True)
