@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from speclive_bench.datasets import chat_messages, code_edit_prompts, humaneval_problems, mtbench_questions
+from speclive_bench.datasets import (
+    chat_messages,
+    code_edit_prompts,
+    code_edit_short_prompts,
+    humaneval_problems,
+    mtbench_questions,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -73,6 +79,23 @@ def test_code_edit_prompts() -> None:
     assert [i["task_id"] for i in code_edit_prompts(3)] == ["HumanEval/0", "HumanEval/54", "HumanEval/109"]
     with pytest.raises(ValueError):
         code_edit_prompts(0)
+
+
+def test_short_code_edits_show_a_6_to_10_line_function() -> None:
+    items = code_edit_short_prompts(16)
+    assert items == code_edit_short_prompts(16) and len({i["task_id"] for i in items}) == 16
+    assert all(i["id"].startswith("code-edit-short-") for i in items)
+    assert len({i["edit"] for i in items}) >= 5
+    for item in items:
+        tree = ast.parse(item["code"])
+        (func,) = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+        assert ast.get_docstring(func) is None  # the docstring is left out
+        lines = ast.unparse(func).splitlines()
+        assert 6 <= len(lines) <= 10, (item["id"], len(lines))
+        assert f"```python\n{item['code']}```" in item["prompt"]
+        exec(compile(tree, item["id"], "exec"), {})  # the imports it needs are there
+    with pytest.raises(ValueError):
+        code_edit_short_prompts(1000)
 
 
 def test_chat_messages() -> None:

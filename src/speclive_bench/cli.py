@@ -215,7 +215,7 @@ def _check_sets(sets: list[str], known: tuple[str, ...]) -> None:
 def run_decode_command(opts: Any) -> int:
     """``bench decode`` on ``opts`` (``DecodeOptions``): run, write the results, print the table."""
 
-    _check_sets(list(opts.sets), prompts.SETS)
+    _check_sets(list(opts.sets), prompts.DECODE_SETS)
     options = decode_options()
     result = _decode(options, opts, ["speclive", "bench", "decode"], decode.run_decode_bench)
     paths = decode.write_decode_outputs(result, opts.out, opts.tag, plot=opts.plot)

@@ -176,6 +176,37 @@ Keep everything else exactly as it is, including docstrings, comments, imports a
 functions. Output the complete rewritten code in a single ```python code block and nothing else."""
 
 
+#: the lines of a short edit's function (``code_edit_short_prompts``)
+SHORT_LINES = (6, 10)
+
+
+def _short_code(problem: dict) -> _Code | None:
+    """The problem's imports and its function without the docstring, when that is 6-10 lines."""
+    code = _parse(problem)
+    tree = ast.parse(code.source)
+    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == code.name)
+    if ast.get_docstring(func) is not None:
+        func.body = func.body[1:] or [ast.Pass()]
+    body = ast.unparse(func)
+    if not SHORT_LINES[0] <= len(body.splitlines()) <= SHORT_LINES[1]:
+        return None
+    head = "".join(ast.unparse(i) + "\n" for i in imports)
+    source = (head + "\n\n" if head else "") + body + "\n"
+    return _Code(source, next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)))
+
+
+def code_edit_short_prompts(n: int = 30) -> list[dict]:
+    """``n`` short code edits: as ``code_edit_prompts``, on HumanEval functions of 6-10 lines once
+    their docstring is left out (with the imports they need), spread over those problems. Their
+    answers copy only a few dozen tokens, the case where a drafter has little to learn from.
+    Items: ``{"id", "prompt", "task_id", "edit", "code"}``."""
+    short = [(p, c) for p in humaneval_problems() if (c := _short_code(p)) is not None]
+    if not 1 <= n <= len(short):
+        raise ValueError(f"n must be between 1 and {len(short)}, not {n}")
+    return _edits([short[i * len(short) // n] for i in range(n)], "code-edit-short")
+
+
 def code_edit_prompts(n: int = 30) -> list[dict]:
     """``n`` deterministic code-editing prompts built from HumanEval canonical solutions.
 
@@ -188,18 +219,22 @@ def code_edit_prompts(n: int = 30) -> list[dict]:
     problems = humaneval_problems()
     if not 1 <= n <= len(problems):
         raise ValueError(f"n must be between 1 and {len(problems)}, not {n}")
+    picked = [problems[i * len(problems) // n] for i in range(n)]
+    return _edits([(p, _parse(p)) for p in picked], "code-edit")
+
+
+def _edits(codes: list[tuple[dict, _Code]], prefix: str) -> list[dict]:
+    """One edit prompt per (problem, code): the least used applicable edit kind so far."""
     out = []
     used: Counter[str] = Counter()
-    for i in range(n):
-        problem = problems[i * len(problems) // n]
-        code = _parse(problem)
+    for i, (problem, code) in enumerate(codes):
         applicable = [(k, e, text) for k, (e, make) in enumerate(_EDITS) if (text := make(code)) is not None]
         # The least-used applicable edit kind so far; ties go to the kind next in the cycle from i.
         _, edit, instruction = min(applicable, key=lambda a: (used[a[1]], (a[0] - i) % len(_EDITS)))
         used[edit] += 1
         out.append(
             {
-                "id": f"code-edit-{i:03d}",
+                "id": f"{prefix}-{i:03d}",
                 "prompt": _TEMPLATE.format(code=code.source, instruction=instruction),
                 "task_id": problem["task_id"],
                 "edit": edit,

@@ -57,7 +57,7 @@ from speclive_bench.methods import (
     peer_record,
 )
 from speclive_bench.peers import VllmPeer, vllm_python
-from speclive_bench.prompts import SETS, WARMUP_PROMPT, load_prompts
+from speclive_bench.prompts import DECODE_SETS, SETS, WARMUP_PROMPT, load_prompts
 from speclive_bench.stats import paired_ratio, ratio_text
 
 BACKENDS_BOTH = ("llamacpp", "hf")
@@ -97,7 +97,9 @@ class DecodeOptions:
     )
     #: torch device of the hf backend (llama.cpp runs on the CPU)
     device: str = report.hf_device_option()
-    sets: Sequence[str] = option(SETS, "--sets", help=f"comma-separated: {','.join(SETS)}", always=True)
+    sets: Sequence[str] = option(
+        SETS, "--sets", help=f"comma-separated: {','.join(DECODE_SETS)}", always=True
+    )
     limit: int | None = option(
         None, "--limit", parse=int, help="prompts per set (spread over the set)", always=True
     )

@@ -1,7 +1,8 @@
 """The benchmark prompt sets as ``{"id", "text"}`` rows (``text``: one user message).
 
 - ``code-edit``, ``humaneval``, ``mtbench``: the sets of ``speclive bench decode``
-  (``speclive_bench.datasets``), spread evenly over the set by ``--limit``;
+  (``speclive_bench.datasets``), spread evenly over the set by ``--limit``; ``code-edit-short``
+  (edits of 6-10-line functions) when asked for;
 - ``chat-heldout``: a held-out ShareGPT-like slice for ``speclive bench talon``: other MT-Bench
   questions (shifted by one from the ``mtbench`` sample) asked together with their follow-up
   turn, as one user message. No ShareGPT dump is available offline; this is the closest
@@ -18,6 +19,9 @@ from collections.abc import Sequence
 from speclive_bench import datasets
 
 SETS: tuple[str, ...] = ("code-edit", "humaneval", "mtbench")
+#: sets ``bench decode --sets`` also takes, not run by default: ``code-edit-short`` (edits of
+#: 6-10-line functions, ``datasets.code_edit_short_prompts``)
+DECODE_SETS: tuple[str, ...] = (*SETS, "code-edit-short")
 #: the sets of ``speclive bench talon``
 TALON_SETS: tuple[str, ...] = ("mtbench", "humaneval", "chat-heldout")
 #: the prompt every method generates from once before the measured runs
@@ -46,6 +50,8 @@ def load_prompts(name: str, limit: int | None = None) -> list[dict[str, str]]:
     """Prompts of one set as ``{"id", "text"}`` (user message text), spread over the set."""
     if name == "code-edit":
         rows = [{"id": r["id"], "text": r["prompt"]} for r in datasets.code_edit_prompts(30)]
+    elif name == "code-edit-short":
+        rows = [{"id": r["id"], "text": r["prompt"]} for r in datasets.code_edit_short_prompts(30)]
     elif name == "humaneval":
         rows = [
             {"id": r["task_id"], "text": HUMANEVAL_TEMPLATE.format(prompt=r["prompt"])}
@@ -59,7 +65,7 @@ def load_prompts(name: str, limit: int | None = None) -> list[dict[str, str]]:
     elif name == "chat-heldout":
         return chat_heldout_prompts(limit)
     else:
-        raise ValueError(f"unknown prompt set {name!r}; known: {', '.join(SETS)}")
+        raise ValueError(f"unknown prompt set {name!r}; known: {', '.join(DECODE_SETS)}")
     return [rows[i] for i in _spread(len(rows), limit)]
 
 
