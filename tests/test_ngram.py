@@ -97,3 +97,44 @@ def test_output_self_matches_have_their_own_controllers():
     assert d._last_ctl is out_ctl and d.by_bucket[4] is not out_ctl
     # the calibrated prior trusts a copy of the prompt far more than a repetition of the output
     assert d.by_bucket[16].survival_curve()[7] > d.output_buckets[16].survival_curve()[7] + 0.3
+
+
+def _renamed_copy(resume_gap: int) -> list[tuple[int, int]]:
+    """A cold drafter on an answer that copies a 60-token prompt passage with one token renamed
+    at three places (a renamed variable): (drafted, accepted) per step."""
+    from speclive.drafting.priors import cost_curve
+
+    passage = list(range(1000, 1060))
+    old, new = passage[20], 7
+    answer = [new if t == old else t for t in passage]
+    for i in (40, 50):  # the name occurs twice more in the passage
+        answer[i] = new
+    passage[40] = passage[50] = old
+    prompt = [1, 2, 3, *passage, 4, 5]
+    cold = _Target(cost=CostModel(cost_curve()))
+    return _oracle_decode(NgramDrafter(resume_gap=resume_gap), cold, prompt, answer + [8, 9])
+
+
+def test_a_copy_broken_by_an_edit_is_resumed_long():
+    """After a draft breaks at an edit, a short match that takes up the same passage a few tokens
+    on drafts as long as a long match would: the copy goes on in long drafts, not regrown from
+    2-token matches (which the cold prior drafts short or not at all)."""
+    steps = _renamed_copy(resume_gap=8)
+    without = _renamed_copy(resume_gap=0)
+    assert len(steps) < len(without), (steps, without)
+    # past each renamed token the next draft is a long one
+    assert sum(1 for d_, _ in steps if d_ >= 12) > sum(1 for d_, _ in without if d_ >= 12)
+    assert sum(a for _, a in steps) > sum(a for _, a in without)
+
+
+def test_the_resumed_controller_is_saved_with_the_knowledge():
+    d = NgramDrafter()
+    d.start(_Target(), [1, 2, 3])
+    for _ in range(10):
+        d.resumed.update(8, 0)
+    saved = d.knowledge()
+    fresh = NgramDrafter()
+    fresh.load_knowledge(saved)
+    assert fresh.resumed.state() == d.resumed.state() != NgramDrafter().resumed.state()
+    older = {k: v for k, v in saved.items() if k != "resumed"}  # saved before resumed copies
+    NgramDrafter().load_knowledge(older)
