@@ -172,6 +172,7 @@ class ChatEngine:
         state = None if cache is None else cache.take(ids) or self.backend.new_state()
         dec = make_decoder(self.backend, drafter, knowledge=knowledge, state=state)
         steps = dec.stepwise(ids, cfg)
+        failed = False
         try:
             reply = None
             while True:
@@ -187,8 +188,12 @@ class ChatEngine:
                     reply = None
                     yield ChatDelta(item.text, len(item.tokens), item.drafted, item.accepted)
             yield ChatDone(result.stats)
+        except Exception:
+            failed = True  # a failed generation's cache is not kept
+            raise
         finally:
             steps.close()  # the drafter's end() before the state goes
-            dec.close(release_state=state is None)
-            if cache is not None and state is not None:
-                cache.park(state)
+            keep = cache is not None and state is not None and not failed
+            dec.close(release_state=not keep)
+            if keep:
+                cache.park(state)  # finished or cancelled (GeneratorExit): kept for a next turn
