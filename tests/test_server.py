@@ -249,6 +249,12 @@ def test_a_next_turn_starts_from_the_previous_requests_cache(srv):
     assert got < r2.usage.prompt_tokens
     _assert_greedy(srv, turn2, r2.choices[0].message.content, 24)
     assert _metric(srv.http, "speclive_prompt_cache_states") >= 1
+    # the first prompt again: it starts from a fork of the parked state that holds it
+    hits = _metric(srv.http, "speclive_prompt_cache_hits_total")
+    again = srv.client.chat.completions.create(model=SMALL, messages=first, max_tokens=24, temperature=0)
+    _wait_idle(srv)
+    assert _metric(srv.http, "speclive_prompt_cache_hits_total") - hits == 1
+    _assert_greedy(srv, first, again.choices[0].message.content, 24)
 
 
 def test_client_disconnect_mid_stream(srv):

@@ -7,12 +7,19 @@ state is *parked* here instead of released (``Backend.park``): it keeps its cach
 else needs the room, and the backend evicts parked states before any other, so a realtime
 conversation or a running request never gives way to one.
 
-A new request takes the parked state that shares the longest prefix with its prompt, if that
-prefix is at least half of what the state holds (a next turn, a repeated prompt); the decoder
-then keeps the common part and prefills only the rest (``SpeculativeDecoder._prefill``). A
-request that matches less starts from a new state and leaves the parked ones to their own
-conversations. Greedy answers are those of a fresh state, up to llama.cpp's batch-shape
-numerics (docs/engine.md, exactness).
+A new request starts from the parked state that shares the longest prefix with its prompt
+(at least ``MIN_TOKENS``); the decoder keeps the common part and prefills only the rest
+(``SpeculativeDecoder._prefill``):
+
+- when that prefix is at least half of what the state holds (a conversation's next turn), the
+  request takes the state itself: its conversation has moved on to this request;
+- otherwise (the same prompt asked again, whose earlier answer the state also holds; a system
+  prompt shared with another conversation) the request gets a *fork* of it (``Backend.fork``:
+  on llama.cpp the prefix's cells are shared, not copied) and the parked state stays for its
+  own conversation.
+
+Greedy answers are those of a fresh state, up to llama.cpp's batch-shape numerics
+(docs/engine.md, exactness).
 """
 
 from __future__ import annotations
@@ -21,8 +28,11 @@ from collections.abc import Sequence
 
 from speclive.backends.base import Backend, BackendState, common_prefix_len
 
-#: a parked state is reused when the prompt shares at least this fraction of its tokens
+#: a request takes a parked state itself when its prompt shares this fraction of the state's
+#: tokens; a shorter common prefix gets a fork of it
 MIN_SHARED = 0.5
+#: the shortest common prefix worth starting from (the rest of the prompt is prefilled anyway)
+MIN_TOKENS = 8
 
 
 class PromptCache:
@@ -42,22 +52,27 @@ class PromptCache:
         return len(self._parked)
 
     def take(self, prompt: Sequence[int]) -> BackendState | None:
-        """The parked state to start ``prompt`` from (no longer parked), or None: start from a
-        new state. States the backend evicted meanwhile are released here."""
+        """The state to start ``prompt`` from: a parked state (no longer parked) or a fork of
+        one (module docstring); None: start from a new state. States the backend evicted
+        meanwhile are released here."""
         self._drop_evicted()
         head = list(prompt[:-1])  # the decoder keeps at most prompt[:-1] of a cache
         best, shared = None, 0
-        for st in self._parked:
+        for st in reversed(self._parked):  # ties: the most recently parked
             n = common_prefix_len(st.tokens, head)
-            if n > shared and n >= MIN_SHARED * len(st.tokens):
+            if n > shared:
                 best, shared = st, n
-        if best is None:
+        if best is None or shared < MIN_TOKENS:
             return None
-        self._parked.remove(best)
-        self.backend.unpark(best)
         self.hits += 1
         self.reused_tokens += shared
-        return best
+        if shared >= MIN_SHARED * len(best.tokens):
+            self._parked.remove(best)
+            self.backend.unpark(best)
+            return best
+        state = self.backend.fork(best)
+        self.backend.park(best)  # the fork used it: parked again, for its own conversation
+        return state
 
     def park(self, state: BackendState) -> None:
         """Keep ``state``'s cache for a later request, or release it (a pending tree extension,
