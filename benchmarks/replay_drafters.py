@@ -58,22 +58,6 @@ class CurveTarget:
         return self.cost._seconds[min(n, 64)]
 
 
-def load_result(path: str) -> tuple[dict, object, list[dict], CurveTarget]:
-    """A decode result, its target's tokenizer, its llama.cpp cost-curve rows and a target
-    timed by that curve."""
-    res = json.load(open(path))
-    tok = tokenizer_for(resolve(res["header"]["target"]))
-    rows = res["cost_curves"]["llamacpp"]["rows"]
-    return res, tok, rows, CurveTarget(rows, tok)
-
-
-def cold_target(rows: list[dict], tok) -> CurveTarget:
-    """A target whose cost model starts from the prior curve (a fresh process)."""
-    cold = CurveTarget(rows, tok)
-    cold.cost = CostModel(cost_curve())
-    return cold
-
-
 def replay(d, target: CurveTarget, prompt: list[int], ref: list[int], timing: CurveTarget | None = None):
     """Oracle decoding of ``ref``; step times from ``timing`` (default ``target``). When they
     differ, ``target``'s cost model learns each step's time as a backend's would."""
@@ -108,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", action="store_true", help="print the (drafted, accepted) steps")
     ap.add_argument("--cold", action="store_true", help="a fresh drafter and cost model per prompt")
     args = ap.parse_args(argv)
-    res, tok, rows, target = load_result(args.result)
+    res = json.load(open(args.result))
+    tok = tokenizer_for(resolve(res["header"]["target"]))
+    rows = res["cost_curves"]["llamacpp"]["rows"]
+    target = CurveTarget(rows, tok)
     t1 = target.seconds(1)
     sets = list(dict.fromkeys(r["set"] for r in res["records"]))
     limit = res["header"]["settings"]["limit"]
@@ -128,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             line = [s, r["prompt_id"]]
             for m, d in drafters.items():
                 if args.cold:
-                    steps, secs = replay(makers[m](), cold_target(rows, tok), prompt, ref, timing=target)
+                    cold = CurveTarget(rows, tok)
+                    cold.cost = CostModel(cost_curve())
+                    steps, secs = replay(makers[m](), cold, prompt, ref, timing=target)
                 else:
                     steps, secs = replay(d, target, prompt, ref)
                 tot[m][0] += len(ref) * t1

@@ -17,15 +17,20 @@ answers may add prose or differ from the constructed ones:
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replay_drafters import cold_target, load_result, replay  # noqa: E402
+from replay_drafters import CurveTarget, replay  # noqa: E402
 
+from speclive.backends.base import CostModel  # noqa: E402
 from speclive.drafting.ngram import NgramDrafter  # noqa: E402
+from speclive.drafting.priors import cost_curve  # noqa: E402
+from speclive.loader import tokenizer_for  # noqa: E402
+from speclive.models.resolve import resolve  # noqa: E402
 from speclive_bench.datasets import code_edit_short_prompts  # noqa: E402
 
 #: new tokens of each constructed answer (as the issue's cold short-edit check)
@@ -54,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=30, help="short edits to build (before skipping)")
     ap.add_argument("--steps", action="store_true", help="print (drafted, accepted) per step")
     args = ap.parse_args(argv)
-    _, tok, rows, timing = load_result(args.result)
+    res = json.load(open(args.result))
+    tok = tokenizer_for(resolve(res["header"]["target"]))
+    rows = res["cost_curves"]["llamacpp"]["rows"]
+    timing = CurveTarget(rows, tok)
     t1 = timing.seconds(1)
     totals = {gap: [0.0, 0.0] for gap in (0, 8)}
     for item in code_edit_short_prompts(args.prompts):
@@ -65,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         ref = tok.encode(answer)[:MAX_TOKENS]
         line = [item["id"], item["edit"], f"{len(ref)} tokens"]
         for gap, tot in totals.items():
-            cold = cold_target(rows, tok)
+            cold = CurveTarget(rows, tok)
+            cold.cost = CostModel(cost_curve())
             steps, secs = replay(NgramDrafter(resume_gap=gap), cold, prompt, ref, timing=timing)
             tot[0] += len(ref) * t1
             tot[1] += secs
