@@ -25,13 +25,6 @@ tokens costs far more than one step:
   long verbatim match is a long one (the whole copy at once, as prompt-lookup decoding does),
   not a few tokens grown step by step as a geometric prior would.
 
-- **A copy broken by an edit is resumed long.** An edit (a renamed word, an inserted line)
-  breaks a copy; the answer then takes the passage up again a few tokens on, but the new match
-  starts short, and short matches are drafted short or not at all. When a draft from the prompt
-  broke off and the next match continues the same passage at most ``resume_gap`` tokens past
-  the break, the draft length comes from its own controller (``resumed``, starting from the
-  longest bucket's prior), so the rest of a short edit is copied in long drafts, not regrown.
-
 Replaying the greedy outputs of Qwen2.5-Coder-1.5B on the code-edit set against the measured
 llama.cpp cost curve, this raised the achievable decode speedup from 1.39x (latest 4-gram, one
 global acceptance estimate) to about 1.56x, and learned survival to about 1.61x (8 prompts,
@@ -102,7 +95,6 @@ class NgramDrafter(Drafter):
         max_candidates: int = 64,
         buckets: Sequence[int] = (2, 4, 8, 16),
         adaptive: AdaptiveLength | None = None,
-        resume_gap: int = 8,
     ):
         if min_n < 1 or max_match < min_n:
             raise ConfigError(f"ngram drafter needs 1 <= min_n <= max_match, got {min_n}, {max_match}")
@@ -117,14 +109,6 @@ class NgramDrafter(Drafter):
         #: controllers of copies from the prompt / from the output so far, per bucket
         self.by_bucket = bucket_controllers(base, self.buckets, "prompt")
         self.output_buckets = bucket_controllers(base, self.buckets, "output")
-        #: a copy resumed after an edit (module docstring): the longest bucket's prior
-        self.resumed = bucket_controllers(base, self.buckets[-1:], "prompt")[self.buckets[-1]]
-        #: how far past the last copy's end a short match may start and still resume it (0: off)
-        self.resume_gap = int(resume_gap)
-        #: where in the prompt the last copy from it broke off (None: none broke since the
-        #: last copy that was taken whole)
-        self._copy_next: int | None = None
-        self._last_start = -1
         self._prompt_len = 0
         self._ctx: list[int] = []
         # min_n-gram -> start indices of the tokens that followed each occurrence (increasing)
@@ -144,7 +128,6 @@ class NgramDrafter(Drafter):
         self._prompt_len = len(context)
         self._ctx = []
         self._index = {}
-        self._copy_next = None
         self._sync(context)
 
     def _sync(self, context: Sequence[int]) -> None:
@@ -196,36 +179,25 @@ class NgramDrafter(Drafter):
         self._last_ctl = None
         if m < self.buckets[0]:
             return DraftTree()
-        if start < self._prompt_len:
-            ctl = self.resumed if self._resumes(m, start) else self.by_bucket[self._bucket(m)]
-        else:
-            ctl = self.output_buckets[self._bucket(m)]
+        ctls = self.by_bucket if start < self._prompt_len else self.output_buckets
+        ctl = ctls[self._bucket(m)]
         k = min(budget, ctl.length())
         if k <= 0:
             return DraftTree()
-        self._last_ctl, self._last_start = ctl, start
+        self._last_ctl = ctl
         return DraftTree.chain(self._ctx[start : start + k], source=self.name)
-
-    def _resumes(self, m: int, start: int) -> bool:
-        """A short match that takes up the last copy from the prompt a few tokens on (past an
-        edit: a renamed word, an inserted line) is as good evidence of copying as a long one."""
-        nxt = self._copy_next
-        return m < self.buckets[-1] and nxt is not None and 1 <= start - nxt <= self.resume_gap
 
     def knowledge(self) -> dict:
         return {
             **super().knowledge(),
             "buckets": controllers_state(self.by_bucket),
             "output_buckets": controllers_state(self.output_buckets),
-            "resumed": self.resumed.state(),
         }
 
     def load_knowledge(self, data: dict) -> None:
         super().load_knowledge(data)
         load_controllers(self.by_bucket, data.get("buckets", {}))
         load_controllers(self.output_buckets, data.get("output_buckets", {}))
-        if "resumed" in data:  # knowledge saved before resumed copies has none
-            load_controllers({0: self.resumed}, {"0": data["resumed"]})
 
     def feedback(self, step: StepFeedback) -> None:
         # every draft updates the acceptance of the controller handed in; the bucket that
@@ -233,9 +205,6 @@ class NgramDrafter(Drafter):
         depth, kept = step.tree.max_depth(), len(step.accepted)
         self.adaptive.update(depth, kept)
         ctl = self._last_ctl
-        if ctl is not None and self._last_start < self._prompt_len:
-            # a copy that broke off at an edit may be resumed past it; one taken whole goes on
-            self._copy_next = self._last_start + kept if kept < depth else None
         if ctl is not None:
             ctl.update(depth, kept)
             if step.seconds is not None:
