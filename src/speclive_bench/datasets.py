@@ -182,10 +182,9 @@ SHORT_LINES = (6, 10)
 
 def _short_code(problem: dict) -> _Code | None:
     """The problem's imports and its function without the docstring, when that is 6-10 lines."""
-    code = _parse(problem)
-    tree = ast.parse(code.source)
-    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
-    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == code.name)
+    code = _parse(problem)  # a fresh parse: its function may be edited here
+    imports = [n for n in ast.parse(code.source).body if isinstance(n, ast.Import | ast.ImportFrom)]
+    func = code.func
     if ast.get_docstring(func) is not None:
         func.body = func.body[1:] or [ast.Pass()]
     body = ast.unparse(func)

@@ -854,21 +854,19 @@ def _speedups(row: dict[str, Any], pairs: Sequence[tuple[Mapping[str, Any], Mapp
     row["speedup"] = tps_m / tps_b if tps_m and tps_b else None
     # the house ratio: per prompt, the method's tok/s over the baseline's
     row["speedup_paired"] = paired_ratio(
-        [_per_s(b, "wall_s") for _, b in pairs], [_per_s(r, "wall_s") for r, _ in pairs], p90=True
+        [_ratio(b["new_tokens"], b["wall_s"]) or 0.0 for _, b in pairs],
+        [_ratio(r["new_tokens"], r["wall_s"]) or 0.0 for r, _ in pairs],
+        p90=True,
     )
     if all("decode_s" in r for r, _ in pairs) and all("decode_s" in b for _, b in pairs):
         dm = _ratio(sum(r["new_tokens"] for r, _ in pairs), sum(r["decode_s"] for r, _ in pairs))
         db = _ratio(sum(b["new_tokens"] for _, b in pairs), sum(b["decode_s"] for _, b in pairs))
         row["decode_speedup"] = dm / db if dm and db else None
         row["decode_speedup_paired"] = paired_ratio(
-            [_per_s(b, "decode_s") for _, b in pairs], [_per_s(r, "decode_s") for r, _ in pairs], p90=True
+            [_ratio(b["new_tokens"], b["decode_s"]) or 0.0 for _, b in pairs],
+            [_ratio(r["new_tokens"], r["decode_s"]) or 0.0 for r, _ in pairs],
+            p90=True,
         )
-
-
-def _per_s(rec: Mapping[str, Any], seconds: str) -> float:
-    """New tokens per second of ``rec``'s ``seconds`` field (0 when it took no time)."""
-    t = rec.get(seconds) or 0.0
-    return rec["new_tokens"] / t if t > 0 else 0.0
 
 
 def _bounds(row: dict[str, Any], steps: Sequence[Any], fn: CostCurve | None) -> None:

@@ -170,7 +170,8 @@ class Metrics:
 
 
 class _KVCollector:
-    """The backend's own eviction and restore counts, read when ``/metrics`` is scraped."""
+    """The backend's own eviction and restore counts and the prompt cache's hits, read when
+    ``/metrics`` is scraped."""
 
     def __init__(self, backend: Any, prompt_cache: Any = None) -> None:
         self.backend = backend
