@@ -228,9 +228,25 @@ def test_concurrent_streams_keep_their_own_state(srv):
     assert batches and passes / batches > 1.5, (batches, passes)
 
 
-def test_a_next_turn_starts_from_the_previous_requests_cache(srv):
+@pytest.fixture
+def cached(srv):
+    """A second server on the same SmolLM2 backend with the prompt cache on (it is opt-in), for
+    one test: the module's server stays idle meanwhile (the backend is not thread-safe), and the
+    parked states are gone before the next test."""
+    app = create_app(ServerConfig(model=SMALL, max_tokens=256, prompt_cache=True), backend=srv.backend)
+    with running(app) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+        http = httpx.Client(base_url=url, timeout=120)
+        yield SimpleNamespace(url=url, app=app, client=client, http=http, backend=srv.backend)
+        http.close()
+    # shut down: the parked states were released, the shared backend is left as it was given
+    assert len(app.state.speclive._engines["chat"].prompt_cache) == 0
+
+
+def test_a_next_turn_starts_from_the_previous_requests_cache(cached):
     """The prompt cache: a conversation's next request reuses the cache the previous one left
     (its prompt and answer are not prefilled again), and still answers greedily."""
+    srv = cached
     first = _ask("Name three primary colors, in one short sentence.")
     r1 = srv.client.chat.completions.create(model=SMALL, messages=first, max_tokens=24, temperature=0)
     _wait_idle(srv)
@@ -255,6 +271,10 @@ def test_a_next_turn_starts_from_the_previous_requests_cache(srv):
     _wait_idle(srv)
     assert _metric(srv.http, "speclive_prompt_cache_hits_total") - hits == 1
     _assert_greedy(srv, first, again.choices[0].message.content, 24)
+
+
+def test_the_prompt_cache_is_off_by_default(srv):
+    assert "speclive_prompt_cache_hits_total" not in srv.http.get("/metrics").text
 
 
 def test_client_disconnect_mid_stream(srv):

@@ -101,6 +101,12 @@ class ChatEngine:
             if config.prompt_cache and backend.max_states:
                 self.prompt_cache = PromptCache(backend, backend.max_states)
 
+    def close(self) -> None:
+        """Release the parked states (after the worker stopped: the backend is not
+        thread-safe), so a backend shared beyond this server is left as it was given."""
+        if self.prompt_cache is not None:
+            self.prompt_cache.clear()
+
     def verify_together(self, passes: list[tuple[Any, list[int], list[int]]]) -> list[Any]:
         """The verification passes of the completions in progress, as one ``extend_many``."""
         if self.on_batch is not None:

@@ -57,13 +57,12 @@ class ServerConfig:
     threshold: float = threshold_option()
     datastore: str | None = datastore_option()
     #: keep finished completions' KV caches for requests that begin the same way (a chat's next
-    #: turn; ``server/prompt_cache.py``): in-process llama.cpp only
+    #: turn; ``server/prompt_cache.py``): in-process llama.cpp only; off by default until its
+    #: numerics are checked (docs/server.md)
     prompt_cache: bool = option(
-        True,
-        "--no-prompt-cache",
-        off=True,
-        help="prefill every chat request in full (default: reuse the cache of an earlier request "
-        "whose prompt it continues)",
+        False,
+        "--prompt-cache",
+        help="reuse the KV cache of an earlier chat request whose prompt this one continues (experimental)",
     )
     #: load/save what the drafter learned across requests and restarts (``speclive.knowledge``;
     #: ``speclive serve`` turns it on unless ``--no-knowledge``)

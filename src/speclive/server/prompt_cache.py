@@ -85,6 +85,11 @@ class PromptCache:
         while len(self._parked) > self.capacity:
             self.backend.release(self._parked.pop(0))
 
+    def clear(self) -> None:
+        """Release every parked state (the server is shutting down: the backend may outlive it)."""
+        while self._parked:
+            self.backend.release(self._parked.pop())
+
     def _drop_evicted(self) -> None:
         for st in [s for s in self._parked if getattr(s, "evicted", False)]:
             self._parked.remove(st)

@@ -209,6 +209,9 @@ class Services:
     def close(self) -> None:
         for w in self._workers.values():
             w.close()
+        chat = self._engines.get("chat")
+        if hasattr(chat, "close"):
+            chat.close()  # type: ignore[union-attr]
 
 
 def verify_installed(names: list[str]) -> None:
