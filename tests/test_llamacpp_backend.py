@@ -1,11 +1,12 @@
 """``LlamaCppBackend`` on the real SmolLM2-135M GGUF: every cache operation against fresh evaluations.
 
-llama.cpp's logits are not reproducible bit for bit across cache layouts: they depend on the
-batch shape (one-token steps vs. multi-token batches differ by up to ~0.9 on this quantized
-model) and even on where the tokens sit in the KV buffer (the same tokens evaluated at a cell
-offset that is not a multiple of 8 differ by up to ~1.5, mean ~0.13). Comparisons therefore use a
-tolerance on the max and the mean absolute difference plus argmax agreement wherever the top-2
-gap is clear. A wrong attention context (a node seeing its sibling) moves logits by ~6 (mean
+llama.cpp's logits are not reproducible bit for bit across batch shapes: one-token steps and
+multi-token batches differ by up to ~0.9 on this quantized model. With flash attention (as the
+backend runs) they no longer depend on where the tokens sit in the KV buffer, nor on the cells
+other states hold (``test_a_states_logits_do_not_depend_on_the_cells_of_other_states``; without
+it, a cell offset that is not a multiple of 8 moved them by up to ~1.5). Comparisons therefore
+use a tolerance on the max and the mean absolute difference plus argmax agreement wherever the
+top-2 gap is clear. A wrong attention context (a node seeing its sibling) moves logits by ~6 (mean
 ~0.6) and fails them; ``test_wrong_context_is_detected`` checks that.
 
 The model comes from the speclive registry when it is installed, else from the environment
@@ -26,8 +27,10 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from speclive.backends.llamacpp import LLAMACPP_COST_PRIOR, LlamaCppBackend, LlamaCppState  # noqa: E402
+from speclive.decoder import GenerationConfig, make_decoder  # noqa: E402
 from speclive.drafting.priors import cost_curve  # noqa: E402
 from speclive.errors import ContextOverflowError  # noqa: E402
+from speclive.server.prompt_cache import PromptCache  # noqa: E402
 from speclive.tokenizer import Tokenizer  # noqa: E402
 from speclive_bench.reference import llama_reference_greedy  # noqa: E402
 
@@ -95,11 +98,8 @@ def backend(gguf: Path, tok: Tokenizer) -> Iterator[LlamaCppBackend]:
 
 @pytest.fixture(scope="module")
 def ref(gguf: Path, tok: Tokenizer) -> Iterator[LlamaCppBackend]:
-    """A second context whose cache is empty before every evaluation: the "fresh" reference.
-
-    llama.cpp's numerics depend on where tokens sit in the KV buffer, so fresh evaluations on a
-    context of their own keep the reference layout fixed (prefix at cell 0).
-    """
+    """A second context whose cache is empty before every evaluation: the "fresh" reference
+    (its one state never shares the KV buffer with the states under test)."""
     be = LlamaCppBackend(gguf, tok, n_ctx=N_CTX, n_threads=THREADS, max_states=1, max_tree_branches=1)
     yield be
     be.close()
@@ -392,6 +392,34 @@ def test_fork_shares_prefix_and_is_independent(
     backend.release(b)
 
 
+def _history(be: LlamaCppBackend, s: LlamaCppState, prefix: list[int], cont: list[int]) -> np.ndarray:
+    """A state's life in small steps (prefill, a chain, a tree and its kept path, a rollback);
+    the logits of its last step."""
+    be.extend(s, prefix[:-1], last_only=True)
+    be.extend(s, [prefix[-1], *cont[:3]])
+    be.extend(s, _tree_tokens(cont), TREE_PARENTS)
+    be.keep(s, [0, 3, 4])
+    be.truncate(s, len(prefix) + 2)
+    return be.extend(s, cont[4:8])
+
+
+def test_a_states_logits_do_not_depend_on_the_cells_of_other_states(
+    backend: LlamaCppBackend, prefix: list[int], cont: list[int]
+) -> None:
+    # the same calls on a state, alone in the KV buffer and then beside another state's cells
+    # (its home and its cells elsewhere), give the same logits bit for bit
+    a = backend.new_state()
+    alone = _history(backend, a, prefix, cont)
+    backend.release(a)
+    other = backend.new_state()
+    backend.extend(other, list(range(100, 400)), last_only=True)
+    b = backend.new_state()
+    beside = _history(backend, b, prefix, cont)
+    backend.release(b)
+    backend.release(other)
+    assert np.array_equal(alone, beside), f"max |diff| {np.abs(alone - beside).max():.3g}"
+
+
 def test_eviction_and_sequential_states(gguf: Path, tok: Tokenizer, prefix: list[int]) -> None:
     with LlamaCppBackend(gguf, tok, n_ctx=256, n_threads=THREADS, max_states=2, max_tree_branches=4) as be:
         s1 = be.new_state()
@@ -442,6 +470,51 @@ def test_a_parked_state_is_evicted_first(gguf: Path, tok: Tokenizer, prefix: lis
         be.extend(b, [5])  # used again: no longer parked, so a (least recent) gives way
         be.new_state()
         assert a.evicted and not b.evicted
+
+
+def test_a_chats_next_turn_on_its_parked_state_is_what_a_new_state_gives_on_the_same_calls(
+    backend: LlamaCppBackend, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prompt cache's machinery is exact: the next turn of a conversation, started from the
+    parked state of its first turn, gets the logits a new state gets from the same calls. (A
+    fresh prefill of the whole conversation differs only by the batch shapes of its chunks.)"""
+    calls: dict[int, list[tuple]] = {}
+    last: dict[int, np.ndarray] = {}
+    extend, truncate = backend.extend, backend.truncate
+
+    def recorded_extend(state, tokens, parents=None, last_only=False):  # noqa: ANN001, ANN202
+        out = extend(state, tokens, parents, last_only=last_only)
+        calls.setdefault(id(state), []).append(("extend", list(tokens), parents, last_only))
+        last[id(state)] = out[-1].copy()
+        return out
+
+    def recorded_truncate(state, n):  # noqa: ANN001, ANN202
+        calls.setdefault(id(state), []).append(("truncate", n))
+        return truncate(state, n)
+
+    monkeypatch.setattr(backend, "extend", recorded_extend)
+    monkeypatch.setattr(backend, "truncate", recorded_truncate)
+    cache = PromptCache(backend, 2)
+    chat = [{"role": "user", "content": "Name three prime numbers."}]
+    dec = make_decoder(backend)
+    first = dec.run(tok.chat(chat), GenerationConfig(max_tokens=12))
+    cache.park(dec.state)
+    dec.close(release_state=False)
+    chat += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And why?"}]
+    prompt = tok.chat(chat)
+    state = cache.take(prompt)
+    assert state is dec.state and len(state.tokens) > len(prompt) // 2
+    nxt = make_decoder(backend, state=state)
+    nxt.run(prompt, GenerationConfig(max_tokens=3))
+    nxt.close()
+    replay, row = backend.new_state(), None
+    for call in calls[id(state)]:
+        if call[0] == "extend":
+            row = extend(replay, call[1], call[2], last_only=call[3])[-1]
+        else:
+            truncate(replay, call[1])
+    backend.release(replay)
+    assert row is not None and np.array_equal(row, last[id(state)])
 
 
 def test_an_evicted_state_is_restored_on_use_when_asked(

@@ -105,7 +105,7 @@ class LlamaReference:
             n_threads=threads,
             n_threads_batch=threads,
             logits_all=False,
-            flash_attn=False,
+            flash_attn=True,  # as LlamaCppBackend runs
             verbose=False,
             draft_model=draft_model,
         )

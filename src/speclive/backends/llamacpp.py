@@ -4,7 +4,7 @@ The backend drives ``llama_cpp.llama_cpp`` directly (model/context creation, one
 ``llama_batch``, ``llama_decode``, ``llama_memory_seq_*``) rather than the high-level ``Llama``
 generate API, so it can evaluate token *trees* and edit the KV cache in place.
 
-KV-cache layout (one llama.cpp context, unified KV buffer, flash attention off):
+KV-cache layout (one llama.cpp context, unified KV buffer, flash attention on):
 
 - Every ``LlamaCppState`` owns a *home* sequence id ``h`` in ``[0, max_states)``; its committed
   tokens are the cells tagged with ``h`` at positions ``0..len-1``.
@@ -30,9 +30,10 @@ KV cells of the context (``n_cells``, at least ``n_ctx``); running out raises
 states (parked ones first) are evicted until the new tokens fit (a server's idle conversations
 give way to the active ones). A backend is not thread-safe: use it from one thread at a time.
 
-Numerics: logits of a k-token batch differ from one-token steps by up to ~0.7 (quantized
-kernels depend on the batch shape), so llama.cpp is *close to*, not bit-identical with, a fresh
-evaluation (``docs/engine.md``, exactness). The benchmarks' reference generator
+Numerics: the same calls on a state give the same logits bit for bit, whatever other states
+hold (flash attention). But the logits of a k-token batch differ from one-token steps (quantized
+kernels depend on the batch shape), so a cache built in other chunks is *close to*, not
+bit-identical with, a fresh evaluation (``docs/engine.md``, exactness). The benchmarks' reference generator
 (llama-cpp-python's own ``Llama``) lives in ``speclive_bench.reference``.
 """
 
@@ -132,7 +133,10 @@ class LlamaCppBackend(Backend):
         restore_evicted: bool = False,
         n_cells: int | None = None,
         cost_prior: Mapping[int, float] | None = None,
+        flash_attn: bool = True,
     ) -> None:
+        #: llama.cpp's flash attention (off only to compare: see ``_create_context``)
+        self.flash_attn = bool(flash_attn)
         #: an evicted state is restored on its next use (its tokens prefilled again into a home
         #: taken from the least recently used state) instead of raising; for many sessions on
         #: one backend, as the server has
@@ -219,7 +223,12 @@ class LlamaCppBackend(Backend):
         cparams.n_seq_max = n_seq
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
-        cparams.flash_attn_type = 0  # with "auto" a kept tree branch drifts from a fresh evaluation
+        # flash attention: its CPU kernel skips masked cells and takes its dot products over the
+        # head dimension, so a state's logits do not depend on which cells other states hold
+        # (the plain kernel's sums over all cells do: docs/engine.md, exactness)
+        cparams.flash_attn_type = (
+            lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         cparams.kv_unified = True  # tokens tagged with several sequences need one shared KV buffer
         if hasattr(cparams, "n_outputs_max"):
             # llama.cpp reserves its graph with up to one output per sequence: with fewer batch
