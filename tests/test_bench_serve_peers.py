@@ -114,6 +114,10 @@ def test_bench_options_build_every_servers_command(monkeypatch: pytest.MonkeyPat
     assert _flag(ours, "--threads") == "2" and _flag(ours, "--max-sessions") == "8"
     assert "--draft-model" not in ours  # the default n-gram drafter takes no draft model
     assert "--passes 3" in OPTIONS.command(["speclive", "bench", "serve"], opts)
+    assert "--prompt-cache" not in ours  # speclive's default
+    opts.prompt_cache = True
+    assert "--prompt-cache" in _server_commands(opts, "/m/t.gguf", names, sessions=8)["speclive"][1]
+    assert "--prompt-cache" in OPTIONS.command(["speclive", "bench", "serve"], opts)
 
 
 def _req(server: str, prompt: str, tok_s: float, k: int, s: str = "mtbench", text: str = "t") -> Request:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from speclive.asr.transcribe import TranscribeConfig, Transcriber
-from speclive.common_options import asr_model_option, model_option
+from speclive.common_options import asr_model_option, model_option, threads_option
 from speclive.loader import load_backend
 from speclive.options import OptionSet, option
 from speclive.server.app import create_app
@@ -86,6 +86,9 @@ class FuzzOptions:
         always=True,
     )
     seed: int = option(0, "--seed", parse=int, always=True)
+    #: llama.cpp threads of the fuzzed server: its threads wait for each other whenever one is
+    #: not scheduled, and the fuzzing clients, Whisper and Piper share this process's cores
+    threads: int = threads_option(1, help="llama.cpp threads of the fuzzed server", always=True)
     out: Path = report.out_option()
     #: results stem fuzz-<tag> (the command sets the default: the model)
     tag: str | None = option(None, "--tag", help="results name: fuzz-<tag>.*", always=True)
@@ -123,7 +126,7 @@ def _server(opts: FuzzOptions, key: str):
     live = Transcriber(
         TranscribeConfig(model=opts.asr_model, method="specasr", draft="self:1", target_audio_margin_s=1.0)
     )
-    backend = load_backend(opts.model, "llamacpp", n_ctx=2048)
+    backend = load_backend(opts.model, "llamacpp", n_ctx=2048, threads=opts.threads)
     app = create_app(config, backend=backend, transcriber=stt, live_transcriber=live, tts=tts)
     return app, config, tts
 

@@ -118,6 +118,13 @@ class ServeBenchOptions:
     draft_model: str = option(
         "qwen2.5-coder-0.5b-instruct", "--draft-model", help="draft model (llama-server -md)", always=True
     )
+    #: speclive's --prompt-cache (llama-server keeps each slot's last prompt by default)
+    prompt_cache: bool = option(
+        False,
+        "--prompt-cache",
+        help="run speclive with --prompt-cache (llama-server caches by default)",
+        always=True,
+    )
     #: llama-server's slots (None: --clients)
     slots: int | None = option(None, "--slots", parse=int, help="llama-server's -np (default: --clients)")
     out: Path = report.out_option()
@@ -511,6 +518,7 @@ def _server_commands(
                     threads=opts.threads,
                     n_ctx=opts.n_ctx,
                     max_sessions=sessions,
+                    prompt_cache=opts.prompt_cache,
                 ),
             ),
         )
@@ -574,6 +582,7 @@ def _serve_settings(opts: ServeBenchOptions, sessions: int) -> dict[str, Any]:
         "voice_questions": opts.voice_questions,
         "voice_concurrency": list(opts.voice_sessions),  # the key earlier results use
         "speclive_max_sessions": sessions,
+        "speclive_prompt_cache": opts.prompt_cache,
     }
 
 
