@@ -118,6 +118,8 @@ def test_bench_options_build_every_servers_command(monkeypatch: pytest.MonkeyPat
     opts.prompt_cache = True
     assert "--prompt-cache" in _server_commands(opts, "/m/t.gguf", names, sessions=8)["speclive"][1]
     assert "--prompt-cache" in OPTIONS.command(["speclive", "bench", "serve"], opts)
+    opts.clients = 0  # the 1-client phase alone: llama-server still gets a slot
+    assert _flag(_server_commands(opts, "/m/t.gguf", names, sessions=8)["llama-server"][1], "-np") == "1"
 
 
 def _req(server: str, prompt: str, tok_s: float, k: int, s: str = "mtbench", text: str = "t") -> Request:

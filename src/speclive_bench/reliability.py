@@ -87,7 +87,7 @@ class FuzzOptions:
     )
     seed: int = option(0, "--seed", parse=int, always=True)
     #: llama.cpp threads of the fuzzed server: its threads wait for each other whenever one is
-    #: not scheduled, and the fuzzing clients, Whisper and Piper share this process's cores
+    #: not scheduled, and the fuzzing clients and Piper (its own thread pool) run in this process
     threads: int = threads_option(1, help="llama.cpp threads of the fuzzed server", always=True)
     out: Path = report.out_option()
     #: results stem fuzz-<tag> (the command sets the default: the model)

@@ -83,7 +83,10 @@ class ServeBenchOptions:
     #: the prompts of each set (``sets``, ``limit``): the command loads them
     prompts: dict[str, list[str]] = field(default_factory=dict)
     max_tokens: int = max_tokens_option(128, always=True)
-    clients: int = option(8, "--clients", parse=int, always=True)
+    #: the concurrent phase's clients (0: the 1-client phase alone)
+    clients: int = option(
+        8, "--clients", parse=int, help="clients at once (0: no concurrent phase)", always=True
+    )
     #: llama.cpp threads of each server (default: every core)
     threads: int = threads_option(os.cpu_count() or 2, always=True)
     n_ctx: int = 4096
@@ -452,7 +455,7 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
                 chat_stream(srv.url, models[name], p, opts.max_tokens, count)
         single = _single_client(servers, models, opts, count, log)
         all_prompts = [p for v in opts.prompts.values() for p in v]
-        for k in range(max(2, opts.passes)) if opts.prompts else ():
+        for k in range(max(2, opts.passes)) if opts.prompts and opts.clients else ():
             for name in rotated(names, k):
                 log(f"{opts.clients} clients on {name}, pass {k + 1} ...")
                 row = _concurrent(servers[name], models[name], all_prompts, opts.clients, opts, count, k)
@@ -540,7 +543,7 @@ def _peer_setup(
         port=port,
         threads=opts.threads,
         n_ctx=opts.n_ctx,
-        slots=opts.slots or opts.clients,
+        slots=opts.slots or max(1, opts.clients),
         draft_gguf=draft,
     )
 
@@ -576,7 +579,7 @@ def _serve_settings(opts: ServeBenchOptions, sessions: int) -> dict[str, Any]:
         "draft_model": opts.draft_model,
         "peers": list(opts.peers),
         "passes": opts.passes,
-        "llama_server_slots": opts.slots or opts.clients,
+        "llama_server_slots": opts.slots or max(1, opts.clients),
         "warmup_requests": opts.warmup,
         "prompts": {k: len(v) for k, v in opts.prompts.items()},
         "voice_questions": opts.voice_questions,
