@@ -167,6 +167,34 @@ def test_no_audio_delta_of_a_response_after_its_done():
     assert "response.output_audio.delta" not in types[types.index("response.output_audio.done") :]
 
 
+def test_a_cancelled_answer_taken_up_again_does_not_silence_the_next_answer():
+    """``response.cancel``, then the user goes on (the pipeline withdraws the answer with
+    ``Interrupted`` and sends no metrics for it): the next answer is a response of its own."""
+    sent: list[tuple[str, dict]] = []
+
+    async def main() -> None:
+        settings = SimpleNamespace(output_rate=24_000, speak=False)
+
+        async def send(type_: str, **payload: object) -> None:
+            sent.append((type_, payload))
+
+        async def error(*a: object, **k: object) -> None:
+            pass
+
+        conv = Conversation(send, error, lambda: settings)
+        await conv.on_event(ev.AnswerDelta(0.0, text="first "))
+        await conv.cancel_response()
+        await conv.on_event(ev.AnswerDelta(0.1, text="dropped "))  # the cancelled answer's rest
+        await conv.on_event(ev.Interrupted(0.2, played=""))
+        await conv.on_event(ev.AnswerDelta(0.3, text="second "))
+        await conv.on_event(ev.TurnMetrics(0.4, turn=2, answer="second "))
+
+    asyncio.run(main())
+    done = [p["response"] for t, p in sent if t == "response.done"]
+    assert [d["status"] for d in done] == ["cancelled", "completed"]
+    assert [d["output"][0]["content"][0]["transcript"] for d in done] == ["first ", "second "]
+
+
 @pytest.mark.parametrize("n", [0, 1])
 def test_report_counts_add_up(n):
     report = GenerateReport(rest_generated=n, realtime_generated=2)

@@ -418,6 +418,9 @@ class Plan:
     started: int = 0
     aborted: int = 0
     pipelines: list = field(default_factory=list)
+    #: an answer's metrics stay with the pipeline, which no longer reports work (a turn the
+    #: policy ended early, whose speaker may still go on): its response is still open
+    hold_metrics: bool = False
     #: set when a unit of an answer's decoder steps begins
     slicing: threading.Event = field(default_factory=threading.Event)
 
@@ -471,11 +474,8 @@ class FakeVoice:
         self.history += [{"role": "user", "content": f"question {turn.answer}"}]
         self.turn = None
         audio = ev.AudioChunk(self.clock(), samples=np.zeros(2400, np.float32), sample_rate=24_000)
-        return [
-            *events,
-            audio,
-            ev.TurnMetrics(self.clock(), turn=turn.answer, answer="word " * self.plan.steps),
-        ]
+        metrics = ev.TurnMetrics(self.clock(), turn=turn.answer, answer="word " * self.plan.steps)
+        return [*events, audio] if self.plan.hold_metrics else [*events, audio, metrics]
 
     def _decoder_step(self, answer: int) -> ev.Event:
         self.plan.started += 1
@@ -589,6 +589,29 @@ def test_a_model_failure_mid_answer_is_an_error_and_the_session_goes_on(voice):
     # the failed pipeline was dropped; the new one went on with the conversation so far
     assert len(plan.pipelines) == 2 and plan.aborted == 2
     assert plan.pipelines[1].history[0] == {"role": "user", "content": "question 1"}
+
+
+def test_a_pipeline_replaced_under_an_open_response_ends_it_first(voice):
+    # a session.update that needs another pipeline, while the answer's metrics are held: the
+    # old pipeline is dropped, and its response still gets its response.done
+    url, app, plan = voice
+    plan.hold_metrics = True
+    with connect(url, open_timeout=10) as ws:
+        _until(ws, "session.created")
+        _say(ws, True)
+        _say(ws, False)
+        rid = _until(ws, "response.created")[-1]["response"]["id"]
+        _until(ws, "response.output_audio.delta")
+        update = {"turn_detection": {"type": "server_vad", "silence_duration_ms": 900}}
+        ws.send(json.dumps({"type": "session.update", "session": update}))
+        events = _until(ws, "session.updated")
+        done = [e for e in events if e["type"] == "response.done"]
+        assert [d["response"]["id"] for d in done] == [rid], [e["type"] for e in events]
+        assert done[0]["response"]["status"] == "incomplete"
+        plan.hold_metrics = False
+        assert _turn(ws)[-1]["response"]["status"] == "completed"  # the new pipeline answers
+    _wait_released(app)
+    assert len(plan.pipelines) == 2
 
 
 @pytest.mark.parametrize("queued", [False, True])

@@ -449,7 +449,8 @@ class VoiceChat(LivePipeline):
 
     @property
     def working(self) -> bool:
-        return super().working or self.reply is not None
+        # a turn whose figures are held may still be taken up again: it is not over yet
+        return super().working or self.reply is not None or self._held is not None
 
     @property
     def background(self) -> bool:

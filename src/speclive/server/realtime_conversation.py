@@ -186,6 +186,9 @@ class Conversation:
 
     async def _interrupted(self, e: ev.Interrupted) -> None:
         await self.send("speclive.interrupted", played=e.played)
+        # the pipeline stopped the answer: nothing more of it comes, so a cancelled one's drop
+        # ends here (a turn taken up again sends no metrics before its next answer)
+        self.dropping = False
         if self.response is not None:
             self.response.cancelled = True
             await self.end_response("cancelled")
@@ -220,6 +223,13 @@ class Conversation:
             self.response.cancelled = True
             self.dropping = True
             await self.end_response("cancelled")
+
+    async def drop_pipeline(self) -> None:
+        """The session replaces its pipeline: an answer still open ends (``incomplete``; what
+        the old pipeline still had to say never comes), and nothing is dropped any more."""
+        self.dropping = False
+        if self.response is not None:
+            await self.end_response("cancelled" if self.response.cancelled else "incomplete")
 
     async def fail_response(self) -> None:
         """The server failed while computing the answer: the response in progress ends as

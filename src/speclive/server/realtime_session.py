@@ -185,6 +185,7 @@ class RealtimeSession:
         old, self.pipeline = self.pipeline, None
         self.pushed.clear()  # the new pipeline's input starts again at 0
         worker = self.svc.worker("chat")
+        await self.conversation.drop_pipeline()  # every response.created gets its response.done
         if old is not None:  # a session.update that needs another pipeline, or a failed one: free it
             try:
                 await worker.call(old.abort)
