@@ -33,6 +33,7 @@ from speclive.decoder import GenerationConfig, make_decoder
 from speclive.loader import load_backend
 from speclive.server.prompt_cache import PromptCache
 from speclive_bench import datasets
+from speclive_bench.exactness import CallRecorder
 from speclive_bench.report import (
     command_line,
     load_avg,
@@ -86,55 +87,26 @@ def layout_diff(be: LlamaCppBackend, prompt: list[int]) -> float:
     return float(np.abs(alone - beside).max())
 
 
-class Recorder:
-    """The backend's extend/truncate calls per state, and each state's last logits row."""
-
-    def __init__(self, be: LlamaCppBackend) -> None:
-        self.be, self.calls, self.last = be, {}, {}
-        self.extend, self.truncate = be.extend, be.truncate
-        be.extend, be.truncate = self._extend, self._truncate  # type: ignore[method-assign]
-
-    def _extend(self, state: Any, tokens: Any, parents: Any = None, last_only: bool = False) -> np.ndarray:
-        out = self.extend(state, tokens, parents, last_only=last_only)
-        self.calls.setdefault(id(state), []).append(("x", list(tokens), parents, last_only))
-        self.last[id(state)] = out[-1].copy()
-        return out
-
-    def _truncate(self, state: Any, n: int) -> None:
-        self.calls.setdefault(id(state), []).append(("t", n))
-        self.truncate(state, n)
-
-    def replay(self, calls: list[tuple]) -> np.ndarray:
-        s, row = self.be.new_state(), None
-        for c in calls:
-            if c[0] == "x":
-                row = self.extend(s, c[1], c[2], last_only=c[3])[-1]
-            else:
-                self.truncate(s, c[1])
-        self.be.release(s)
-        return row
-
-
 def next_turns(be: LlamaCppBackend) -> list[dict[str, Any]]:
-    rec, cache, tok, rows = Recorder(be), PromptCache(be, 2), be.tokenizer, []
+    cache, tok, rows = PromptCache(be, 2), be.tokenizer, []
     for question, follow in CHATS:
-        chat = [{"role": "user", "content": question}]
-        dec = make_decoder(be)
-        first = dec.run(tok.chat(chat), GenerationConfig(max_tokens=24))
-        cache.park(dec.state)
-        dec.close(release_state=False)
-        chat += [{"role": "assistant", "content": first.text}, {"role": "user", "content": follow}]
-        prompt = tok.chat(chat)
-        state = cache.take(prompt)
-        nxt = make_decoder(be, state=state)
-        nxt.run(prompt, GenerationConfig(max_tokens=1))
-        nxt.close(release_state=False)
-        cached = rec.last[id(state)]
-        replayed = rec.replay(rec.calls.pop(id(state)))
+        with CallRecorder(be) as rec:
+            chat = [{"role": "user", "content": question}]
+            dec = make_decoder(be)
+            first = dec.run(tok.chat(chat), GenerationConfig(max_tokens=24))
+            cache.park(dec.state)
+            dec.close(release_state=False)
+            chat += [{"role": "assistant", "content": first.text}, {"role": "user", "content": follow}]
+            prompt = tok.chat(chat)
+            state = cache.take(prompt)
+            nxt = make_decoder(be, state=state)
+            nxt.run(prompt, GenerationConfig(max_tokens=1))
+            nxt.close(release_state=False)
+        cached, replayed = rec.last[id(state)], rec.replay(state)
         be.release(state)
         f = be.new_state()
-        rec.extend(f, prompt[:-1], last_only=True)
-        fresh = rec.extend(f, prompt[-1:])[-1]
+        be.extend(f, prompt[:-1], last_only=True)
+        fresh = be.extend(f, prompt[-1:])[-1]
         be.release(f)
         top2 = np.sort(fresh)[-2:]
         rows.append(
@@ -146,7 +118,6 @@ def next_turns(be: LlamaCppBackend) -> list[dict[str, Any]]:
                 "fresh_top2_gap": float(top2[1] - top2[0]),
             }
         )
-    be.extend, be.truncate = rec.extend, rec.truncate  # type: ignore[method-assign]
     return rows
 
 

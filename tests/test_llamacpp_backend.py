@@ -32,6 +32,7 @@ from speclive.drafting.priors import cost_curve  # noqa: E402
 from speclive.errors import ContextOverflowError  # noqa: E402
 from speclive.server.prompt_cache import PromptCache  # noqa: E402
 from speclive.tokenizer import Tokenizer  # noqa: E402
+from speclive_bench.exactness import CallRecorder  # noqa: E402
 from speclive_bench.reference import llama_reference_greedy  # noqa: E402
 
 pytestmark = pytest.mark.llamacpp
@@ -473,48 +474,27 @@ def test_a_parked_state_is_evicted_first(gguf: Path, tok: Tokenizer, prefix: lis
 
 
 def test_a_chats_next_turn_on_its_parked_state_is_what_a_new_state_gives_on_the_same_calls(
-    backend: LlamaCppBackend, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+    backend: LlamaCppBackend, tok: Tokenizer
 ) -> None:
     """The prompt cache's machinery is exact: the next turn of a conversation, started from the
     parked state of its first turn, gets the logits a new state gets from the same calls. (A
     fresh prefill of the whole conversation differs only by the batch shapes of its chunks.)"""
-    calls: dict[int, list[tuple]] = {}
-    last: dict[int, np.ndarray] = {}
-    extend, truncate = backend.extend, backend.truncate
-
-    def recorded_extend(state, tokens, parents=None, last_only=False):  # noqa: ANN001, ANN202
-        out = extend(state, tokens, parents, last_only=last_only)
-        calls.setdefault(id(state), []).append(("extend", list(tokens), parents, last_only))
-        last[id(state)] = out[-1].copy()
-        return out
-
-    def recorded_truncate(state, n):  # noqa: ANN001, ANN202
-        calls.setdefault(id(state), []).append(("truncate", n))
-        return truncate(state, n)
-
-    monkeypatch.setattr(backend, "extend", recorded_extend)
-    monkeypatch.setattr(backend, "truncate", recorded_truncate)
     cache = PromptCache(backend, 2)
-    chat = [{"role": "user", "content": "Name three prime numbers."}]
-    dec = make_decoder(backend)
-    first = dec.run(tok.chat(chat), GenerationConfig(max_tokens=12))
-    cache.park(dec.state)
-    dec.close(release_state=False)
-    chat += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And why?"}]
-    prompt = tok.chat(chat)
-    state = cache.take(prompt)
-    assert state is dec.state and len(state.tokens) > len(prompt) // 2
-    nxt = make_decoder(backend, state=state)
-    nxt.run(prompt, GenerationConfig(max_tokens=3))
-    nxt.close()
-    replay, row = backend.new_state(), None
-    for call in calls[id(state)]:
-        if call[0] == "extend":
-            row = extend(replay, call[1], call[2], last_only=call[3])[-1]
-        else:
-            truncate(replay, call[1])
-    backend.release(replay)
-    assert row is not None and np.array_equal(row, last[id(state)])
+    with CallRecorder(backend) as rec:
+        chat = [{"role": "user", "content": "Name three prime numbers."}]
+        dec = make_decoder(backend)
+        first = dec.run(tok.chat(chat), GenerationConfig(max_tokens=12))
+        cache.park(dec.state)
+        dec.close(release_state=False)
+        chat += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And why?"}]
+        prompt = tok.chat(chat)
+        state = cache.take(prompt)
+        assert state is dec.state and len(state.tokens) > len(prompt) // 2
+        nxt = make_decoder(backend, state=state)
+        nxt.run(prompt, GenerationConfig(max_tokens=3))
+        nxt.close()
+    row = rec.replay(state)
+    assert row is not None and np.array_equal(row, rec.last[id(state)])
 
 
 def test_an_evicted_state_is_restored_on_use_when_asked(

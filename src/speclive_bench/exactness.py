@@ -53,3 +53,44 @@ def ar_logit_gap(
     if other is not None and 0 <= other < len(row):
         out["gap_pair"] = float(row[chosen] - row[other])
     return out
+
+
+class CallRecorder:
+    """Records a backend's ``extend`` and ``truncate`` calls per state, and each state's last
+    logits row, while in use (``with CallRecorder(backend) as rec:``); ``replay`` makes a
+    state's calls again on a new state. The same calls on the same backend must give the same
+    rows: a difference is a cache that does not hold what its calls put in it."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.calls: dict[int, list[tuple]] = {}
+        self.last: dict[int, np.ndarray] = {}
+        self.extend, self.truncate = backend.extend, backend.truncate
+
+    def __enter__(self) -> CallRecorder:
+        self.backend.extend, self.backend.truncate = self._extend, self._truncate  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.backend.extend, self.backend.truncate  # the class's methods again
+
+    def _extend(self, state: Any, tokens: Any, parents: Any = None, last_only: bool = False) -> np.ndarray:
+        out = self.extend(state, tokens, parents, last_only=last_only)
+        self.calls.setdefault(id(state), []).append(("extend", list(tokens), parents, last_only))
+        self.last[id(state)] = out[-1].copy()
+        return out
+
+    def _truncate(self, state: Any, n: int) -> None:
+        self.calls.setdefault(id(state), []).append(("truncate", n))
+        self.truncate(state, n)
+
+    def replay(self, state: Any) -> np.ndarray | None:
+        """The last logits row of ``state``'s recorded calls made again on a new state."""
+        s, row = self.backend.new_state(), None
+        for call in self.calls.get(id(state), []):
+            if call[0] == "extend":
+                row = self.extend(s, call[1], call[2], last_only=call[3])[-1]
+            else:
+                self.truncate(s, call[1])
+        self.backend.release(s)
+        return row
