@@ -282,6 +282,8 @@ def test_disconnect_mid_answer_frees_the_session(rt, llama_smol, monkeypatch):
     from when the server sees the client leave), the session is released and the next session
     and the REST API serve as before."""
     url, audio, app = rt
+    # an earlier test's session may still be closing: its stop_compute must not be the one marked
+    _wait_released(app)
     seen: dict[str, int] = {}
     stop = RealtimeSession.stop_compute
 
