@@ -38,11 +38,12 @@ demo: $(BUNDLE)
 	$(PY) -m speclive.cli demo
 
 # the suite runs on TEST_JOBS processes (pytest-xdist; each loads its own small models); the
-# slowest tests are single real-model exactness runs, so more than a few jobs gains little
+# slowest tests are single real-model exactness runs, so more than a few jobs gains little.
+# The run ends with its 25 slowest tests, so every CI log shows where the time goes.
 TEST_JOBS ?= 2
 
 test: $(BUNDLE)
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal --durations=25
 
 test-slow: $(BUNDLE)
 	$(PY) -m pytest -q -m slow
