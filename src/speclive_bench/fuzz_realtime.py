@@ -111,6 +111,9 @@ LEAK_GAUGES = {
     "process_resident_memory_bytes": "rss_bytes",
     "process_open_fds": "open_fds",
     "speclive_memory_trimmed_bytes_total": "trimmed_bytes",
+    'speclive_memory_heap_bytes{kind="in_use"}': "heap_in_use_bytes",
+    'speclive_memory_heap_bytes{kind="arenas"}': "heap_arenas_bytes",
+    'speclive_memory_heap_bytes{kind="mapped"}': "heap_mapped_bytes",
     "speclive_kv_cell_evictions_total": "kv_cell_evictions",
     "speclive_kv_restores_total": "kv_restores",
 }

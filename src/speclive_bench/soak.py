@@ -433,6 +433,7 @@ def summarize_soak(
     crossed = _mark_own_transcripts(turns, questions)
     warm_s = (opts.warmup_minutes if opts.warmup_minutes is not None else opts.minutes / 5) * 60
     after_warm = [s for s in samples if s["t"] >= warm_s] or samples[-1:]
+    second_half = [s for s in samples if s["t"] >= opts.minutes * 30]
     start, end = after_warm[0], samples[-1]
     lat = [(t["t"], t["latency_s"]) for t in turns if t.get("latency_s") is not None]
     windows = _latency_windows(lat, opts.minutes)
@@ -451,6 +452,19 @@ def summarize_soak(
         "rss_mib_end": end.get("rss_bytes", 0) / 2**20,
         "rss_growth_pct": 100 * (end.get("rss_bytes", 0) / max(1.0, start.get("rss_bytes", 1)) - 1),
         "rss_slope_mib_per_min": _slope_per_min(after_warm, "rss_bytes") / 2**20,
+        #: the same over the second half of the run (a growth that levels off shows here)
+        "rss_slope_last_half_mib_per_min": _slope_per_min(second_half, "rss_bytes") / 2**20,
+        #: malloc's blocks in use and its arenas + mapped blocks (glibc; absent elsewhere)
+        "heap_in_use_slope_mib_per_min": _slope_per_min(after_warm, "heap_in_use_bytes") / 2**20,
+        "heap_held_slope_mib_per_min": _slope_per_min(
+            [
+                {**x, "held": x["heap_arenas_bytes"] + x["heap_mapped_bytes"]}
+                for x in after_warm
+                if "heap_arenas_bytes" in x
+            ],
+            "held",
+        )
+        / 2**20,
         "trimmed_mib": end.get("trimmed_bytes", 0) / 2**20,
         "open_fds_after_warmup": start.get("open_fds"),
         "open_fds_end": end.get("open_fds"),
@@ -503,6 +517,11 @@ def soak_markdown(result: dict[str, Any]) -> str:
         f"| RSS after warm-up → end (MiB) | {s['rss_mib_after_warmup']:.0f} → {s['rss_mib_end']:.0f} "
         f"({s['rss_growth_pct']:+.1f} %) |",
         f"| RSS trend after warm-up (least squares) | {s.get('rss_slope_mib_per_min', 0):+.1f} MiB/min |",
+        f"| RSS trend over the second half of the run | "
+        f"{s.get('rss_slope_last_half_mib_per_min', 0):+.1f} MiB/min |",
+        f"| malloc trend after warm-up: blocks in use / arenas + mapped blocks | "
+        f"{s.get('heap_in_use_slope_mib_per_min', 0):+.1f} / "
+        f"{s.get('heap_held_slope_mib_per_min', 0):+.1f} MiB/min |",
         f"| freed heap returned to the OS (malloc_trim) | {s.get('trimmed_mib', 0):.0f} MiB |",
         f"| open fds after warm-up → end | {s['open_fds_after_warmup']} → {s['open_fds_end']} |",
         f"| voice-to-voice p50 / p99 / max (s) | {p50} / {p99} / {report._fmt(s.get('latency_max_s'))} |",
@@ -536,6 +555,14 @@ def plot_soak(path: Path, result: dict[str, Any]) -> Path:
     fig, (a, b) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     smp = result["samples"]
     a.plot([x["t"] / 60 for x in smp], [x.get("rss_bytes", 0) / 2**20 for x in smp], label="RSS (MiB)")
+    heap = [x for x in smp if "heap_in_use_bytes" in x]
+    if heap:
+        a.plot(
+            [x["t"] / 60 for x in heap],
+            [x["heap_in_use_bytes"] / 2**20 for x in heap],
+            label="malloc in use (MiB)",
+        )
+        a.legend(loc="center left")
     a.set_ylabel("server RSS (MiB)")
     a2 = a.twinx()
     a2.plot([x["t"] / 60 for x in smp], [x.get("open_fds", 0) for x in smp], color="tab:gray", ls="--")

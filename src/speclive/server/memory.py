@@ -41,6 +41,61 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return fn
 
 
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (glibc >= 2.33): byte counts summed over every arena."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    """glibc's ``mallinfo2``, or None where the C library has none (older glibc, musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        fn = ctypes.CDLL(name).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = []
+    fn.restype = _MallInfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def heap_bytes() -> dict[str, int]:
+    """What malloc holds, in bytes, where glibc can tell (empty otherwise): ``in_use`` (blocks
+    allocated now), ``free`` (free blocks kept in the arenas), ``arenas`` (the arenas' size, both
+    together) and ``mapped`` (large blocks in their own mappings). Memory that others map
+    themselves (model weights, llama.cpp's KV buffer) is in none of them, so a resident size
+    that grows while ``in_use`` stays flat is fragmentation or outside malloc, not a leak of
+    objects."""
+    if _MALLINFO2 is None:
+        return {}
+    m = _MALLINFO2()
+    return {
+        "in_use": int(m.uordblks),
+        "free": int(m.fordblks),
+        "arenas": int(m.arena),
+        "mapped": int(m.hblkhd),
+    }
+
+
 def resident_bytes() -> int | None:
     """This process's resident set size (Linux ``/proc/self/statm``), None where unknown."""
     try:

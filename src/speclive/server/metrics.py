@@ -4,7 +4,10 @@ Each app gets its own ``CollectorRegistry`` (not prometheus-client's global one)
 apps can live in one process (tests) without clashing metric names. The process collector adds
 ``process_resident_memory_bytes`` and ``process_open_fds`` (on Linux), and
 ``speclive_asyncio_tasks`` counts the event loop's tasks: with the live-session gauge they show a
-leak (the reliability benchmarks read them before and after).
+leak (the reliability benchmarks read them before and after). ``speclive_memory_heap_bytes``
+(glibc only) splits what malloc holds into blocks in use, free blocks kept in its arenas, the
+arenas' size and large mapped blocks, so a growing resident size can be told apart from a
+growing number of live objects.
 
 Admission (``capacity.py``): ``speclive_admission_max_wait_seconds`` is the bound,
 ``speclive_worker_wait_seconds`` each worker's estimated wait before a new foreground turn
@@ -34,6 +37,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from speclive.server.memory import heap_bytes
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
@@ -97,6 +102,14 @@ class Metrics:
             registry=r,
         )
         self.tasks = Gauge("speclive_asyncio_tasks", "Tasks of the server's event loop", registry=r)
+        self.heap = Gauge(
+            "speclive_memory_heap_bytes",
+            "What glibc's malloc holds, by kind: in_use, free (kept in the arenas), arenas, mapped",
+            ["kind"],
+            registry=r,
+        )
+        for kind in heap_bytes():
+            self.heap.labels(kind=kind).set_function(lambda k=kind: heap_bytes().get(k, 0))
         self._admission(r)
         ProcessCollector(registry=r)
 
