@@ -27,18 +27,23 @@ from collections.abc import Callable
 log = logging.getLogger("speclive.server")
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None where the C library has none."""
-    name = ctypes.util.find_library("c")
-    if name is None:
+def _libc(name: str, argtypes: list, restype: object) -> Callable | None:
+    """The C library's function ``name`` with its signature, or None where there is none."""
+    lib = ctypes.util.find_library("c")
+    if lib is None:
         return None
     try:
-        fn = ctypes.CDLL(name).malloc_trim
+        fn = getattr(ctypes.CDLL(lib), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
+    fn.argtypes = argtypes
+    fn.restype = restype
     return fn
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none."""
+    return _libc("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -63,16 +68,7 @@ class _MallInfo2(ctypes.Structure):
 
 def _mallinfo2() -> Callable[[], _MallInfo2] | None:
     """glibc's ``mallinfo2``, or None where the C library has none (older glibc, musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        fn = ctypes.CDLL(name).mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = []
-    fn.restype = _MallInfo2
-    return fn
+    return _libc("mallinfo2", [], _MallInfo2)
 
 
 _MALLINFO2 = _mallinfo2()
