@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,18 @@ from speclive.errors import BackendUnavailableError, ConfigError
 from speclive.models.install import install, installed_path
 from speclive.models.registry import get_spec
 from speclive.tts.base import Audio, timed
-from speclive.tts.sentences import bounded_pieces
+from speclive.tts.sentences import bounded_phonemes, bounded_pieces
 
 #: longest text one onnxruntime run synthesizes: longer sentences are split at a clause mark or
 #: a space (``bounded_pieces``), which keeps the memory a voice needs bounded
 MAX_RUN_CHARS = 320
+#: most phonemes one onnxruntime run takes at the voice's own speed (slower speech: fewer). The
+#: model's memory grows with the audio a run makes, and that follows the phonemes, not the
+#: characters: numbers and abbreviations are spoken as many more sounds than they have letters
+MAX_RUN_PHONEMES = 256
+#: ``reserve()`` speaks its text this much slower than the voice's own speed: headroom for
+#: phonemes that last longer than those of the reserve text
+RESERVE_SLOWDOWN = 1.25
 RESERVE_TEXT = "Speech synthesis reserves the memory its longest sentence needs, once, at the start"
 
 
@@ -44,8 +52,9 @@ class PiperTTS:
         # spinning setting: the voice is assembled here instead, so the model loads once. Its
         # config sits beside the model, as Piper expects (``<voice>.onnx.json``).
         # onnxruntime's CPU arena grows by powers of two to the largest input seen and never
-        # gives memory back: inputs are bounded (``MAX_RUN_CHARS``) and ``reserve()`` sizes it
-        # once (without the arena synthesis is about a quarter slower, docs/server.md)
+        # gives memory back: inputs are bounded (``MAX_RUN_CHARS``, ``MAX_RUN_PHONEMES``) and
+        # ``reserve()`` sizes it once (without the arena synthesis is about a quarter slower,
+        # docs/server.md)
         config = json.loads(Path(f"{path}.json").read_text(encoding="utf-8"))
         self.voice = PiperVoice(config=PiperConfig.from_dict(config), session=_session(path, threads))
         self.sample_rate = int(self.voice.config.sample_rate)
@@ -53,19 +62,32 @@ class PiperTTS:
         self.varied = varied
 
     def _samples(self, text: str, length_scale: float | None = None) -> np.ndarray:
-        syn = None
-        if length_scale is not None or not self.varied:
-            from piper import SynthesisConfig
+        from piper import SynthesisConfig
 
-            fixed = {} if self.varied else {"noise_scale": 0.0, "noise_w_scale": 0.0}
-            syn = SynthesisConfig(length_scale=length_scale, **fixed)
-        # one onnxruntime run per bounded piece: the arena never needs more than the largest
+        fixed = {} if self.varied else {"noise_scale": 0.0, "noise_w_scale": 0.0}
+        syn = SynthesisConfig(length_scale=length_scale, **fixed)
+        # one onnxruntime run per bounded piece: at most MAX_RUN_CHARS characters, and at most
+        # MAX_RUN_PHONEMES phonemes at the voice's own speed (fewer when it speaks slower), so
+        # the arena never needs more than reserve() gave it
+        slower = (length_scale or self.voice.config.length_scale) / self.voice.config.length_scale
+        limit = max(16, int(MAX_RUN_PHONEMES / max(1.0, slower)))
         chunks = [
-            c.audio_float_array
-            for piece in bounded_pieces(text, MAX_RUN_CHARS)
-            for c in self.voice.synthesize(piece, syn)
+            self._run(piece, syn)
+            for text_piece in bounded_pieces(text, MAX_RUN_CHARS)
+            for phonemes in self.voice.phonemize(text_piece)
+            for piece in bounded_phonemes(phonemes, limit)
         ]
         return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+
+    def _run(self, phonemes: list[str], syn: Any) -> np.ndarray:
+        """One onnxruntime run, its audio scaled as ``PiperVoice.synthesize`` scales a sentence's."""
+        audio = self.voice.phoneme_ids_to_audio(self.voice.phonemes_to_ids(phonemes), syn)
+        if syn.normalize_audio:
+            peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+            audio = np.zeros_like(audio) if peak < 1e-8 else audio / peak
+        if syn.volume != 1.0:
+            audio = audio * syn.volume
+        return np.clip(audio, -1.0, 1.0).astype(np.float32)
 
     def synthesize(self, text: str, speed: float = 1.0) -> Audio:
         """Speech for ``text``; ``speed`` > 1 speaks faster (Piper's length scale 1/speed)."""
@@ -73,12 +95,23 @@ class PiperTTS:
         return timed(lambda t: self._samples(t, scale), text, self.sample_rate)
 
     def reserve(self) -> float:
-        """Synthesize one text of ``MAX_RUN_CHARS`` now, so the arena holds what the longest
-        piece needs from the start (a server's memory is then known when it starts, not
-        reached sentence by sentence); returns the seconds it took."""
-        words = (RESERVE_TEXT + " ") * (MAX_RUN_CHARS // len(RESERVE_TEXT) + 1)
-        text = words[: words.rfind(" ", 0, MAX_RUN_CHARS)] + "."
-        return self.synthesize(text).synth_s
+        """Synthesize the longest piece one run takes now (``MAX_RUN_PHONEMES`` phonemes, spoken
+        ``RESERVE_SLOWDOWN`` slower than the voice's speed), then a piece half as long and the
+        longest again, so the arena holds what any later run needs from the start: the second
+        long run needs a second region of the arena, since the first is split up by the shorter
+        run's tensors. A server's memory is then known when it starts, not reached sentence by
+        sentence. Returns the seconds it took."""
+        from piper import SynthesisConfig
+
+        words = (RESERVE_TEXT + ", ") * 8
+        phonemes = [p for sentence in self.voice.phonemize(words) for p in sentence]
+        fixed = {} if self.varied else {"noise_scale": 0.0, "noise_w_scale": 0.0}
+        syn = SynthesisConfig(length_scale=self.voice.config.length_scale * RESERVE_SLOWDOWN, **fixed)
+        t0 = time.perf_counter()
+        for size in (MAX_RUN_PHONEMES, MAX_RUN_PHONEMES // 2, MAX_RUN_PHONEMES):
+            cut = max(i for i, p in enumerate(phonemes[: size + 1]) if p == " ")
+            self._run(phonemes[:cut], syn)
+        return time.perf_counter() - t0
 
 
 def _session(path: Path, threads: int | None) -> Any:

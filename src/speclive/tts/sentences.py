@@ -97,3 +97,22 @@ def bounded_pieces(text: str, max_chars: int) -> list[str]:
     if text:
         pieces.append(text)
     return [p for p in pieces if p]
+
+
+def bounded_phonemes(phonemes: list[str], limit: int) -> list[list[str]]:
+    """``phonemes`` (one sentence, as Piper's ``phonemize`` gives it) in consecutive pieces of at
+    most ``limit``, split where a word ends (the space phoneme, dropped at the cut); a single
+    word longer than ``limit`` stays whole. Joined with spaces, the pieces give back the
+    phonemes."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    pieces: list[list[str]] = []
+    rest = list(phonemes)
+    while len(rest) > limit:
+        spaces = [i for i, p in enumerate(rest[: limit + 1]) if p == " " and i > 0]
+        cut = spaces[-1] if spaces else next((i for i, p in enumerate(rest) if p == " " and i > 0), len(rest))
+        pieces.append(rest[:cut])
+        rest = rest[cut + 1 :]
+    if rest:
+        pieces.append(rest)
+    return pieces
