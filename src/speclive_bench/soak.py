@@ -416,6 +416,30 @@ def _drift(lat: Sequence[tuple[float, float]], minutes: float) -> dict[str, Any]
     }
 
 
+def _memory(
+    samples: list[dict[str, float]], after_warm: list[dict[str, float]], minutes: float
+) -> dict[str, float]:
+    """RSS after the warm-up and at the end, its trends (after the warm-up, over the second half
+    of the run, where a growth that levels off shows), and malloc's trends: blocks in use, and
+    arenas + mapped blocks (glibc; 0 where the server has no such figures)."""
+    start, end = after_warm[0], samples[-1]
+    second_half = [s for s in samples if s["t"] >= minutes * 30]
+    held = [
+        {**x, "held": x["heap_arenas_bytes"] + x["heap_mapped_bytes"]}
+        for x in after_warm
+        if "heap_arenas_bytes" in x
+    ]
+    return {
+        "rss_mib_after_warmup": start.get("rss_bytes", 0) / 2**20,
+        "rss_mib_end": end.get("rss_bytes", 0) / 2**20,
+        "rss_growth_pct": 100 * (end.get("rss_bytes", 0) / max(1.0, start.get("rss_bytes", 1)) - 1),
+        "rss_slope_mib_per_min": _slope_per_min(after_warm, "rss_bytes") / 2**20,
+        "rss_slope_last_half_mib_per_min": _slope_per_min(second_half, "rss_bytes") / 2**20,
+        "heap_in_use_slope_mib_per_min": _slope_per_min(after_warm, "heap_in_use_bytes") / 2**20,
+        "heap_held_slope_mib_per_min": _slope_per_min(held, "held") / 2**20,
+    }
+
+
 def summarize_soak(
     opts: SoakOptions,
     command: str,
@@ -433,7 +457,6 @@ def summarize_soak(
     crossed = _mark_own_transcripts(turns, questions)
     warm_s = (opts.warmup_minutes if opts.warmup_minutes is not None else opts.minutes / 5) * 60
     after_warm = [s for s in samples if s["t"] >= warm_s] or samples[-1:]
-    second_half = [s for s in samples if s["t"] >= opts.minutes * 30]
     start, end = after_warm[0], samples[-1]
     lat = [(t["t"], t["latency_s"]) for t in turns if t.get("latency_s") is not None]
     windows = _latency_windows(lat, opts.minutes)
@@ -448,23 +471,7 @@ def summarize_soak(
         "refused_chats": sum(getattr(c, "refused", 0) for c in chats),
         "crossed_transcripts": crossed,
         "transcribed_turns": sum(1 for t in turns if t.get("transcript") is not None),
-        "rss_mib_after_warmup": start.get("rss_bytes", 0) / 2**20,
-        "rss_mib_end": end.get("rss_bytes", 0) / 2**20,
-        "rss_growth_pct": 100 * (end.get("rss_bytes", 0) / max(1.0, start.get("rss_bytes", 1)) - 1),
-        "rss_slope_mib_per_min": _slope_per_min(after_warm, "rss_bytes") / 2**20,
-        #: the same over the second half of the run (a growth that levels off shows here)
-        "rss_slope_last_half_mib_per_min": _slope_per_min(second_half, "rss_bytes") / 2**20,
-        #: malloc's blocks in use and its arenas + mapped blocks (glibc; absent elsewhere)
-        "heap_in_use_slope_mib_per_min": _slope_per_min(after_warm, "heap_in_use_bytes") / 2**20,
-        "heap_held_slope_mib_per_min": _slope_per_min(
-            [
-                {**x, "held": x["heap_arenas_bytes"] + x["heap_mapped_bytes"]}
-                for x in after_warm
-                if "heap_arenas_bytes" in x
-            ],
-            "held",
-        )
-        / 2**20,
+        **_memory(samples, after_warm, opts.minutes),
         "trimmed_mib": end.get("trimmed_bytes", 0) / 2**20,
         "open_fds_after_warmup": start.get("open_fds"),
         "open_fds_end": end.get("open_fds"),
