@@ -82,3 +82,28 @@ def test_summary_rss_trend_is_the_least_squares_slope_after_warmup():
     s = summarize_soak(args, "cmd", QUESTIONS[:1], voices, [], samples, 200)["summary"]
     assert abs(s["rss_slope_mib_per_min"] - 6.0) < 1e-6
     assert s["trimmed_mib"] == 5.0
+
+
+def test_memory_trends_tell_live_blocks_from_what_malloc_holds():
+    """RSS that levels off shows in the second half's trend; malloc's blocks in use that stay
+    flat while its arenas and mapped blocks grow show as two different trends."""
+    from speclive_bench.soak import _memory
+
+    mib = 2**20
+    samples = [
+        {
+            "t": 60.0 * m,
+            "rss_bytes": (1000 + min(m, 5) * 60) * mib,  # +60 MiB/min for 5 minutes, then flat
+            "heap_in_use_bytes": 500 * mib,
+            "heap_arenas_bytes": (600 + 10 * m) * mib,
+            "heap_mapped_bytes": 300 * mib,
+        }
+        for m in range(11)
+    ]
+    out = _memory(samples, samples[1:], minutes=10)
+    assert out["rss_slope_mib_per_min"] > 10 and abs(out["rss_slope_last_half_mib_per_min"]) < 1e-6
+    assert abs(out["heap_in_use_slope_mib_per_min"]) < 1e-6
+    assert abs(out["heap_held_slope_mib_per_min"] - 10) < 1e-6
+    assert out["rss_mib_after_warmup"] == 1060 and out["rss_mib_end"] == 1300
+    bare = [{k: v for k, v in s.items() if not k.startswith("heap")} for s in samples]
+    assert _memory(bare, bare[1:], minutes=10)["heap_held_slope_mib_per_min"] == 0.0  # off glibc
