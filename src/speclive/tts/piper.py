@@ -62,10 +62,7 @@ class PiperTTS:
         self.varied = varied
 
     def _samples(self, text: str, length_scale: float | None = None) -> np.ndarray:
-        from piper import SynthesisConfig
-
-        fixed = {} if self.varied else {"noise_scale": 0.0, "noise_w_scale": 0.0}
-        syn = SynthesisConfig(length_scale=length_scale, **fixed)
+        syn = self._config(length_scale)
         # one onnxruntime run per bounded piece: at most MAX_RUN_CHARS characters, and at most
         # MAX_RUN_PHONEMES phonemes at the voice's own speed (fewer when it speaks slower), so
         # the arena never needs more than reserve() gave it
@@ -78,6 +75,14 @@ class PiperTTS:
             for piece in bounded_phonemes(phonemes, limit)
         ]
         return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+
+    def _config(self, length_scale: float | None) -> Any:
+        """Piper's synthesis settings: ``length_scale`` (None: the voice's), and without the
+        voice's random variation unless ``varied``."""
+        from piper import SynthesisConfig
+
+        fixed = {} if self.varied else {"noise_scale": 0.0, "noise_w_scale": 0.0}
+        return SynthesisConfig(length_scale=length_scale, **fixed)
 
     def _run(self, phonemes: list[str], syn: Any) -> np.ndarray:
         """One onnxruntime run, its audio scaled as ``PiperVoice.synthesize`` scales a sentence's."""
@@ -101,12 +106,9 @@ class PiperTTS:
         long run needs a second region of the arena, since the first is split up by the shorter
         run's tensors. A server's memory is then known when it starts, not reached sentence by
         sentence. Returns the seconds it took."""
-        from piper import SynthesisConfig
-
         words = (RESERVE_TEXT + ", ") * 8
         phonemes = [p for sentence in self.voice.phonemize(words) for p in sentence]
-        fixed = {} if self.varied else {"noise_scale": 0.0, "noise_w_scale": 0.0}
-        syn = SynthesisConfig(length_scale=self.voice.config.length_scale * RESERVE_SLOWDOWN, **fixed)
+        syn = self._config(self.voice.config.length_scale * RESERVE_SLOWDOWN)
         t0 = time.perf_counter()
         for size in (MAX_RUN_PHONEMES, MAX_RUN_PHONEMES // 2, MAX_RUN_PHONEMES):
             cut = max(i for i, p in enumerate(phonemes[: size + 1]) if p == " ")
