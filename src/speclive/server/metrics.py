@@ -102,14 +102,7 @@ class Metrics:
             registry=r,
         )
         self.tasks = Gauge("speclive_asyncio_tasks", "Tasks of the server's event loop", registry=r)
-        self.heap = Gauge(
-            "speclive_memory_heap_bytes",
-            "What glibc's malloc holds, by kind: in_use, free (kept in the arenas), arenas, mapped",
-            ["kind"],
-            registry=r,
-        )
-        for kind in heap_bytes():
-            self.heap.labels(kind=kind).set_function(lambda k=kind: heap_bytes().get(k, 0))
+        r.register(_HeapCollector())
         self._admission(r)
         ProcessCollector(registry=r)
 
@@ -180,6 +173,23 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _HeapCollector:
+    """What glibc's malloc holds, read once per scrape (``mallinfo2`` walks every arena)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        heap = heap_bytes()
+        if not heap:
+            return
+        g = GaugeMetricFamily(
+            "speclive_memory_heap_bytes",
+            "What glibc's malloc holds, by kind: in_use, free (kept in the arenas), arenas, mapped",
+            labels=["kind"],
+        )
+        for kind, value in heap.items():
+            g.add_metric([kind], value)
+        yield g
 
 
 class _KVCollector:
