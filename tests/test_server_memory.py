@@ -74,3 +74,57 @@ def test_heap_bytes_follow_live_blocks_and_show_on_metrics():
     text = Metrics().render().decode()
     line = next(x for x in text.splitlines() if x.startswith('speclive_memory_heap_bytes{kind="in_use"}'))
     assert float(line.rsplit(" ", 1)[1]) > 0
+
+
+_COUNT_ARENAS = """
+import ctypes, sys, threading
+from speclive.server.memory import limit_arenas
+if sys.argv[1] != "0":
+    assert limit_arenas(int(sys.argv[1]))
+def work():
+    blocks = [bytearray(3000) for _ in range(200)]  # each thread's first mallocs pick its arena
+    barrier.wait()
+barrier = threading.Barrier(9)
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads:
+    t.start()
+barrier.wait()
+libc = ctypes.CDLL(None)
+libc.fdopen.restype = ctypes.c_void_p
+out = libc.fdopen(1, b"w")
+libc.malloc_info(0, ctypes.c_void_p(out))
+libc.fflush(ctypes.c_void_p(out))
+"""
+
+
+def _arenas(limit: int) -> int:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    out = subprocess.run(
+        [sys.executable, "-c", _COUNT_ARENAS, str(limit)], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    return out.count("<heap nr=")
+
+
+def test_limit_arenas_caps_the_arenas_threads_get():
+    from speclive.server.memory import _libc
+
+    if _libc("malloc_info", [], None) is None or _libc("mallopt", [], None) is None:
+        pytest.skip("no glibc malloc on this platform")
+    # nine threads allocating at once: glibc gives them several arenas, the limit two
+    assert _arenas(0) > 2
+    assert _arenas(2) == 2
+
+
+def test_limit_arenas_leaves_the_environment_setting(monkeypatch):
+    from speclive.server.memory import limit_arenas
+
+    with pytest.raises(ValueError):
+        limit_arenas(0)
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert limit_arenas(2) is False
+    with pytest.raises(ConfigError):
+        ServerConfig(malloc_arenas=-1)

@@ -28,11 +28,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from speclive.server.app import create_app
+        from speclive.server.memory import limit_arenas
     except ImportError as e:  # pragma: no cover - depends on the install
         print(f"speclive serve needs the 'serve' extra ({e}): pip install -e '.[serve]'", file=sys.stderr)
         return 2
 
     config = config_from_args(args)
+    if config.malloc_arenas:  # before any model loads, so that every thread shares the few arenas
+        limit_arenas(config.malloc_arenas)
     fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=args.log_level.upper(), format=fmt)
     app = create_app(config)

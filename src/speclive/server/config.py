@@ -172,6 +172,15 @@ class ServerConfig:
         help="seconds between returns of freed heap memory to the OS (0: never)",
     )
 
+    #: most malloc arenas of the serving process (``server/memory.py``; 0: glibc's default,
+    #: eight per core)
+    malloc_arenas: int = option(
+        2,
+        "--malloc-arenas",
+        parse=int,
+        help="most malloc arenas of the process: fewer keep less freed memory resident (0: glibc's default)",
+    )
+
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"invalid backend {self.backend!r}; allowed values: {', '.join(BACKENDS)}")
@@ -196,6 +205,8 @@ class ServerConfig:
         for name in ("max_turn_s", "realtime_events_per_s", "realtime_send_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.malloc_arenas < 0:
+            raise ConfigError(f"malloc_arenas must be >= 0, got {self.malloc_arenas}")
         if self.memory_trim_s < 0:
             raise ConfigError(f"memory_trim_s must be >= 0, got {self.memory_trim_s}")
         if self.realtime_idle_s < 0:

@@ -8,6 +8,11 @@ resident memory. Over hours that reads as a slow leak although nothing is held. 
 releases every whole free page of every arena (``madvise(MADV_DONTNEED)``), so the resident
 size follows what is really in use.
 
+Trimming cannot return a page that still holds one live block, and every extra arena is one more
+heap whose pages stay partly used. ``limit_arenas`` caps their number (glibc's ``M_ARENA_MAX``,
+as the ``MALLOC_ARENA_MAX`` variable does); ``speclive serve`` sets it before it loads a model,
+so the threads that come later share the few arenas there are.
+
 ``MemoryTrimmer`` runs ``malloc_trim(0)`` every ``interval_s`` seconds on a thread of its own
 (it takes the arena locks for a few milliseconds; the event loop keeps serving meanwhile) and
 counts what it released. Off glibc (musl, macOS, Windows) it does nothing: ``available`` is
@@ -44,6 +49,22 @@ def _libc(name: str, argtypes: list, restype: object) -> Callable | None:
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library has none."""
     return _libc("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
+
+
+#: glibc's ``mallopt`` parameter for the most arenas (malloc.h)
+_M_ARENA_MAX = -8
+
+
+def limit_arenas(n: int) -> bool:
+    """Let malloc create at most ``n`` arenas from now on (glibc; the main arena counts). A
+    ``MALLOC_ARENA_MAX`` in the environment wins: glibc applied it already and this leaves it.
+    True when the limit was set."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    mallopt = _libc("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
+    return bool(mallopt is not None and mallopt(_M_ARENA_MAX, int(n)) == 1)
 
 
 class _MallInfo2(ctypes.Structure):
