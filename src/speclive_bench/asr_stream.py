@@ -16,6 +16,11 @@ pipeline's thresholds). Each stream runs with every method, clip-major and in a 
   no earlier pass heard;
 - ``previous+self``: the same, with SpecASR's drafter on a shallow self-draft (the target's
   first decoder layers: no second encoder);
+- ``previous+tailfinal``: ``previous`` whose final pass hears only the buffer's end, from a quiet
+  point at the start of the last two committed words (``StreamConfig.final_tail_words``): the
+  words committed before stay as the partials committed them. Lossy against ``previous``'s final
+  pass over the whole turn: its final transcripts are compared with ``previous``'s and with the
+  reference; its final pass is checked against plain re-decoding of the same shorter window;
 - ``draft-partials``: the partial passes on the draft model (tiny.en, int8 decoder) drafted by
   its previous hypotheses, the final pass on the target drafted by the draft model's last
   hypothesis; ``draft-partials/plain`` the same models decoding every pass from scratch (the
@@ -63,11 +68,14 @@ METHODS = (
     "previous",
     "previous+tail",
     "previous+self",
+    "previous+tailfinal",
     "draft-partials/plain",
     "draft-partials",
     "draft-partials-fullvocab",
 )
 SAMPLE_RATE = 16_000
+#: stream settings of the methods that change them (the rest: ``StreamConfig`` defaults)
+STREAM_OPTIONS: dict[str, dict[str, Any]] = {"previous+tailfinal": {"final_tail_words": 2}}
 
 
 # ---- clips ----------------------------------------------------------------------------------
@@ -149,6 +157,7 @@ def load_transcribers(
         "previous": (spec, True),
         "previous+tail": (tail, True),
         "previous+self": (self_tail, True),
+        "previous+tailfinal": (spec, True),
         "draft-partials/plain": (small, False),
         "draft-partials": (small, True),
         "draft-partials-fullvocab": (full, True),
@@ -163,12 +172,23 @@ UNCHECKED = ("draft-partials-fullvocab",)
 
 
 # ---- running ----------------------------------------------------------------------------------
-def run_stream(transcriber: Any, draft: bool, clip: Clip, silence_t: float | None, step_s: float) -> dict:
-    """One clip streamed by one method: its passes, final text and latency, CPU seconds."""
+def run_stream(
+    transcriber: Any, draft: bool, clip: Clip, silence_t: float | None, step_s: float, **stream: Any
+) -> dict:
+    """One clip streamed by one method: its passes, final text and latency, CPU seconds
+    (``stream``: ``StreamConfig`` fields). ``final_audio`` holds the final pass's audio."""
 
     rec = PassRecognizer(transcriber, draft=draft, loop_fallback=False)
+    heard: list[np.ndarray] = []
+    final_pass = rec.final_pass
+
+    def keep_final(audio: np.ndarray, expect: Sequence[str] | None = None) -> list | None:
+        heard.append(audio)
+        return final_pass(audio, expect=expect)
+
+    rec.final_pass = keep_final  # type: ignore[method-assign]
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    run = stream_timed(clip.audio, rec, StreamConfig(step_s=step_s, buffer_s=25.0), silence_t)
+    run = stream_timed(clip.audio, rec, StreamConfig(step_s=step_s, buffer_s=25.0, **stream), silence_t)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     return {
         "text": run.final.text,
@@ -176,7 +196,40 @@ def run_stream(transcriber: Any, draft: bool, clip: Clip, silence_t: float | Non
         "cpu_s": cpu,
         "wall_s": wall,
         "passes": [{**r.to_json(), "ids": r.token_ids} for r in rec.passes.records],
+        "final_audio": heard[-1] if heard else None,
     }
+
+
+def _plain_final(ar: Any, run: dict) -> list[int] | None:
+    """Plain greedy re-decoding of the final pass's own audio (for a method whose final window
+    no other run heard)."""
+    audio = run["final_audio"]
+    if audio is None:
+        return None
+    return [int(t) for t in getattr(ar.transcribe(audio, loop_fallback=True), "token_ids", []) or []]
+
+
+def _check_passes(runs: dict[str, dict], m: str, plain_final: list[int] | None) -> None:
+    """Mark how many of method ``m``'s passes equal its reference run's: the partial passes one
+    for one, and its final transcript's pass against the reference's final pass (or against
+    ``plain_final``, plain re-decoding of the same audio, for a final window of its own)."""
+    r = runs[m]
+    ref_m = REFERENCE.get(m, "ar")
+    if ref_m not in runs or m in UNCHECKED:
+        return
+
+    def split(passes: list[dict]) -> tuple[list, list]:
+        return [p["ids"] for p in passes if p["kind"] == "partial"], [
+            p["ids"] for p in passes if p["kind"] == "final"
+        ]
+
+    mine, mine_final = split(r["passes"])
+    ref, ref_final = split(runs[ref_m]["passes"])
+    if mine_final:
+        mine.append(mine_final[-1])
+        ref.append(plain_final if plain_final is not None else (ref_final[-1] if ref_final else None))
+    same = [a == b for a, b in zip(mine, ref, strict=False)] + [False] * abs(len(mine) - len(ref))
+    r["identical_passes"], r["compared_passes"] = sum(same), len(same)
 
 
 def with_references(methods: Sequence[str]) -> list[str]:
@@ -204,19 +257,15 @@ def run_stream_bench(
         runs = {}
         for m in rotated(methods, i):
             tr, draft = transcribers[m]
-            runs[m] = run_stream(tr, draft, clip, silence_t, step_s)
+            runs[m] = run_stream(tr, draft, clip, silence_t, step_s, **STREAM_OPTIONS.get(m, {}))
         for m in methods:
-            r = runs[m]
-            ref_m = REFERENCE.get(m, "ar")
-            ref = runs[ref_m]["passes"] if ref_m in runs and m not in UNCHECKED else None
-            if ref is not None:
-                same = [a["ids"] == b["ids"] for a, b in zip(r["passes"], ref, strict=False)] + [False] * abs(
-                    len(r["passes"]) - len(ref)
-                )
-                r["identical_passes"], r["compared_passes"] = sum(same), len(same)
+            own = m in STREAM_OPTIONS and "ar" in transcribers  # a final window of its own
+            _check_passes(runs, m, _plain_final(transcribers["ar"][0], runs[m]) if own else None)
         for m in methods:
             for p in runs[m]["passes"]:
                 del p["ids"]
+            heard = runs[m].pop("final_audio")
+            runs[m]["final_audio_s"] = 0.0 if heard is None else len(heard) / SAMPLE_RATE
         rows.append(
             {
                 "clip": clip.name,
@@ -275,9 +324,11 @@ def summarize(rows: Sequence[dict], methods: Sequence[str]) -> list[dict[str, An
             "partial_tokens": statistics.fmean([p["tokens"] for p in partials] or [0]),
             "partial_dec_ms": statistics.fmean([p["decoder_ms"] for p in partials] or [0]),
             "partial_enc_ms": statistics.fmean([p["encoder_ms"] for p in partials] or [0]),
-            "final_dec_passes": statistics.fmean([p["decoder_passes"] for p in finals] or [0]),
-            "final_dec_ms": statistics.fmean([p["decoder_ms"] for p in finals] or [0]),
-            "final_enc_ms": statistics.fmean([p["encoder_ms"] for p in finals] or [0]),
+            # per turn: a final window that looped is decoded again (two final passes)
+            "final_passes": len(finals),
+            "final_dec_passes": statistics.fmean(per_turn(m, "final", "decoder_passes") or [0]),
+            "final_dec_ms": statistics.fmean(per_turn(m, "final", "decoder_ms") or [0]),
+            "final_enc_ms": statistics.fmean(per_turn(m, "final", "encoder_ms") or [0]),
             "final_p50_ms": 1000 * (percentile(lat, 50) or 0.0),
             "final_p90_ms": 1000 * (percentile(lat, 90) or 0.0),
             "final_p50_le10s_ms": 1000 * (percentile(short, 50) or 0.0),
@@ -291,7 +342,12 @@ def summarize(rows: Sequence[dict], methods: Sequence[str]) -> list[dict[str, An
                 [_norm(r["reference"]) for r in rows], [_norm(r["runs"][m]["text"]) for r in rows]
             ),
             "compared": sum(r["runs"][m].get("compared_passes", 0) for r in rows),
+            "final_audio_s": statistics.fmean([r["runs"][m].get("final_audio_s", 0.0) for r in rows] or [0]),
         }
+        if "previous" in methods and m != "previous":
+            row["finals_as_previous"] = sum(
+                _norm(r["runs"][m]["text"]) == _norm(r["runs"]["previous"]["text"]) for r in rows
+            )
         for base in ("ar", "specasr"):
             if base in methods:
                 row[f"partial_passes_vs_{base}"] = paired_ratio(
@@ -345,15 +401,18 @@ def markdown(result: dict[str, Any]) -> str:
         md_table(
             [
                 ("method", "method", 0),
+                ("final_passes", "final passes", 0),
                 ("final_dec_passes", "decoder passes", 2),
                 ("final_dec_ms", "decoder ms", 1),
                 ("final_enc_ms", "encoder ms", 1),
+                ("final_audio_s", "audio s", 1),
                 ("final_p50_ms", "latency p50 ms", 0),
                 ("final_p90_ms", "p90 ms", 0),
                 ("turns_le10s", "turns <= 10 s", 0),
                 ("final_p50_le10s_ms", "p50 ms (<= 10 s)", 0),
                 ("final_p90_le10s_ms", "p90 ms (<= 10 s)", 0),
                 ("final_wer", "WER vs reference", 3),
+                ("finals_as_previous", "finals as `previous`'s", 0),
             ],
             s,
         ),

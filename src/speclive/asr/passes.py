@@ -20,6 +20,7 @@ milliseconds), which is what ``speclive transcribe --stream --json`` and ``specl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -92,13 +93,25 @@ class StreamPasses:
                 out.append(ids)
         return out[: self.keep]
 
-    def run(self, audio: np.ndarray, final: bool = False) -> Any:
+    def run(
+        self,
+        audio: np.ndarray,
+        final: bool = False,
+        expect: Sequence[str] | None = None,
+        loop_fallback: bool | None = None,
+    ) -> Any:
         """Transcribe ``audio`` (the stream's buffer) as a partial or the final pass; returns
         the ``Transcript``. A partial that loops gives what came before the loop (see
-        ``Transcriber.transcribe``'s ``loop_fallback``)."""
+        ``Transcriber.transcribe``'s ``loop_fallback``). ``expect``: texts the earlier passes may
+        have heard in ``audio`` when it is only the end of what they heard; they are the draft.
+        ``loop_fallback``: as ``Transcriber.transcribe``'s (default: on for the final pass)."""
         tr = self.transcriber if final else self.partials
         hint = self._hints(tr) if self.draft else None
-        result = tr.transcribe(audio, loop_fallback=final, hint=hint or None)
+        tok = _tokenizer(tr)
+        if self.draft and expect and tok is not None:
+            hint = [ids for ids in (tok.encode(" " + t.strip()) for t in expect if t.strip()) if ids]
+        fallback = final if loop_fallback is None else loop_fallback
+        result = tr.transcribe(audio, loop_fallback=fallback, hint=hint or None)
         ids = [int(t) for t in getattr(result, "token_ids", []) or []]
         tok = _tokenizer(tr)
         if ids and tok is not None:

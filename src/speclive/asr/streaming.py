@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,10 +89,31 @@ class StreamConfig:
     vad: bool = False
     #: VAD speech probability threshold
     vad_threshold: float = 0.5
+    #: the final pass hears only the buffer's end: from the quietest frame near the start of
+    #: the last ``final_tail_words`` committed words (None: the whole buffer). Its encoder then
+    #: runs over the uncommitted words and these few again, not the whole turn; the words
+    #: committed before stay as the partial passes committed them (lossy against a final pass
+    #: over the whole buffer: ``speclive bench asr --stream`` reports both)
+    final_tail_words: int | None = None
+    #: shortest final window worth cutting to (seconds)
+    final_tail_min_s: float = 2.0
 
 
 def _norm(word: str) -> str:
     return re.sub(r"[^\w']", "", word.lower())
+
+
+def quiet_point(audio: np.ndarray, t: float, radius_s: float = 0.25, frame_s: float = 0.02) -> float:
+    """The middle of the quietest ``frame_s`` frame of ``audio`` within ``radius_s`` of ``t``
+    (seconds from the audio's start): a cut there is least likely to split a word."""
+    n = int(frame_s * SAMPLE_RATE)
+    lo = max(0, int((t - radius_s) * SAMPLE_RATE))
+    hi = min(len(audio), int((t + radius_s) * SAMPLE_RATE))
+    frames = (hi - lo) // n
+    if frames < 1:
+        return min(max(t, 0.0), len(audio) / SAMPLE_RATE)
+    energy = np.square(audio[lo : lo + frames * n].astype(np.float64)).reshape(frames, n).sum(axis=1)
+    return (lo + (int(np.argmin(energy)) + 0.5) * n) / SAMPLE_RATE
 
 
 def spread_words(text: str, audio: np.ndarray, frame_s: float = 0.02, level: float = 0.02) -> list[Word]:
@@ -163,13 +184,40 @@ class OnlineASR:
         self.buffer = np.concatenate([self.buffer, a])
         self.received += len(a) / SAMPLE_RATE
 
+    def _final_window(self) -> tuple[float, list[Word]]:
+        """Where the final pass's audio starts (stream time) and the words the partials heard
+        after it: the buffer's start, or with ``final_tail_words`` a quiet point at the start
+        of the last committed words, and the words from one before those with the tentative
+        ones (the words' times are estimates: the cut may fall a word early or late)."""
+        k = self.cfg.final_tail_words
+        inside = [w for w in self.state.committed if w.start >= self.offset]
+        if k is None or len(inside) <= k:
+            return self.offset, []
+        cut_t = self.offset + quiet_point(self.buffer, inside[-k].start - self.offset)
+        if self.received - cut_t < self.cfg.final_tail_min_s:
+            return self.offset, []
+        return cut_t, inside[-k - 1 :] + self.state.previous
+
     def _hypothesis(self, final: bool = False) -> list[Word]:
         if self.gate is not None and not self.gate.has_speech(self.buffer):
             return []
         self.passes += 1
         final_pass = getattr(self.recognize, "final_pass", None)
-        words = final_pass(self.buffer) if final and final_pass else self.recognize(self.buffer)
-        return [Word(w.text, w.start + self.offset, w.end + self.offset) for w in words]
+        if not (final and final_pass):
+            return self._stamped(self.recognize(self.buffer), self.offset)
+        start, heard = self._final_window()
+        if start > self.offset:
+            # the window may start one word before, at or after the word aimed at: each is a draft
+            texts = [" ".join(w.text for w in heard[i:]) for i in range(min(3, len(heard)))]
+            words = final_pass(self.buffer[int(round((start - self.offset) * SAMPLE_RATE)) :], expect=texts)
+            if words is not None:
+                return self._stamped(words, start)
+        # the whole buffer (also when its end alone looped)
+        return self._stamped(final_pass(self.buffer), self.offset)
+
+    @staticmethod
+    def _stamped(words: list[Word] | None, start: float) -> list[Word]:
+        return [Word(w.text, w.start + start, w.end + start) for w in words or []]
 
     def _new_words(self, hyp: list[Word]) -> list[Word]:
         """Hypothesis words after what is committed (by time, then by an n-gram overlap check)."""
@@ -178,9 +226,14 @@ class OnlineASR:
         new = [w for w in hyp if w.start >= last_end - 0.5]
         # the first words may repeat the committed tail: drop the longest such overlap (<= 5)
         tail = [_norm(w.text) for w in st.committed[-5:]]
-        for n in range(min(5, len(tail), len(new)), 0, -1):
-            if tail[-n:] == [_norm(w.text) for w in new[:n]]:
+        heard = [_norm(w.text) for w in new]
+        for n in range(min(5, len(tail), len(heard)), 0, -1):
+            if tail[-n:] == heard[:n]:
                 return new[n:]
+        # a window cut just inside a word may hear a fragment of it before the repeated words
+        for n in range(min(5, len(tail), len(heard) - 1), 1, -1):
+            if tail[-n:] == heard[1 : n + 1]:
+                return new[n + 1 :]
         return new
 
     def process(self, final: bool = False) -> Partial:
@@ -252,8 +305,17 @@ class PassRecognizer:
     def __call__(self, audio: np.ndarray) -> list[Word]:
         return self._words(audio, self.loop_fallback)
 
-    def final_pass(self, audio: np.ndarray) -> list[Word]:
-        return self._words(audio, True)
+    def final_pass(self, audio: np.ndarray, expect: Sequence[str] | None = None) -> list[Word] | None:
+        """The final pass over ``audio``. ``expect``: the texts the partials may have heard in
+        it (alternatives), when it is only the end of the buffer; they are then the draft, and
+        a decode that loops in that short window gives None (the caller decodes the whole
+        buffer instead of Whisper's full 30 s window)."""
+        if expect is None or self.transcriber.cfg.method == "faster-whisper":
+            return self._words(audio, True)
+        result = self.passes.run(audio, final=True, expect=expect, loop_fallback=False)
+        if getattr(getattr(result, "stats", None), "loops", 0):
+            return None
+        return spread_words(result.text, audio)
 
 
 def transcriber_recognizer(

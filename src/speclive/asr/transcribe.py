@@ -126,6 +126,9 @@ class TranscribeStats:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     audio_s: float = 0.0
+    #: segments whose trimmed-window decode looped (decoded again over the full window, or cut
+    #: before the loop without ``loop_fallback``)
+    loops: int = 0
 
     @property
     def mean_accepted(self) -> float:
@@ -364,6 +367,7 @@ class Transcriber:
         ids, text, looped = self._decode_window(chunk, stats, max_tokens=cap, stop_repeat=True, hints=hints)
         if not looped and len(ids) < cap and _compression_ratio(text) <= self.cfg.loop_ratio:
             return ids, text
+        stats.loops += 1
         if not loop_fallback:  # a partial: what came before the loop started, or nothing
             return (ids, text) if looped else ([], "")
         self.target.audio_margin_s = None  # a loop: the full window decides
