@@ -128,3 +128,36 @@ def test_limit_arenas_leaves_the_environment_setting(monkeypatch):
     assert limit_arenas(2) is False
     with pytest.raises(ConfigError):
         ServerConfig(malloc_arenas=-1)
+
+
+def test_fixed_mmap_threshold_keeps_large_blocks_out_of_the_heap():
+    """After one large block was freed glibc's threshold moves up and the next large blocks land
+    in the heap; with the threshold fixed they keep their own mappings."""
+    import os
+    import subprocess
+    import sys
+
+    from speclive.server.memory import _libc, fix_mmap_threshold
+
+    if _libc("mallinfo2", [], None) is None:
+        pytest.skip("no glibc malloc on this platform")
+    probe = """
+import sys
+from speclive.server.memory import fix_mmap_threshold, heap_bytes
+if sys.argv[1] == "fixed":
+    assert fix_mmap_threshold(1 << 20)
+big = bytearray(8 << 20); del big  # a mapped block, freed: the moving threshold goes to 8 MiB
+blocks = [bytearray(2 << 20) for _ in range(4)]
+print(heap_bytes()["mapped"] >> 20)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+
+    def mapped(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", probe, mode], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.split()[-1])
+
+    assert mapped("moving") < 8  # the 2 MiB blocks went into the heap
+    assert mapped("fixed") >= 8  # each has its own mapping
+    with pytest.raises(ValueError):
+        fix_mmap_threshold(0)

@@ -181,6 +181,15 @@ class ServerConfig:
         help="most malloc arenas of the process: fewer keep less freed memory resident (0: glibc's default)",
     )
 
+    #: blocks from this many MiB get mappings of their own (0: glibc's moving threshold)
+    malloc_mmap_threshold_mib: float = option(
+        4.0,
+        "--malloc-mmap-threshold",
+        parse=float,
+        help="MiB from which a block gets a mapping of its own, returned to the OS when freed "
+        "(0: glibc's default, which moves up to 32 MiB)",
+    )
+
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"invalid backend {self.backend!r}; allowed values: {', '.join(BACKENDS)}")
@@ -207,6 +216,10 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.malloc_arenas < 0:
             raise ConfigError(f"malloc_arenas must be >= 0, got {self.malloc_arenas}")
+        if not 0 <= self.malloc_mmap_threshold_mib <= 32:
+            raise ConfigError(
+                f"malloc_mmap_threshold_mib must be in [0, 32], got {self.malloc_mmap_threshold_mib}"
+            )
         if self.memory_trim_s < 0:
             raise ConfigError(f"memory_trim_s must be >= 0, got {self.memory_trim_s}")
         if self.realtime_idle_s < 0:

@@ -11,7 +11,8 @@ size follows what is really in use.
 Trimming cannot return a page that still holds one live block, and every extra arena is one more
 heap whose pages stay partly used. ``limit_arenas`` caps their number (glibc's ``M_ARENA_MAX``,
 as the ``MALLOC_ARENA_MAX`` variable does); ``speclive serve`` sets it before it loads a model,
-so the threads that come later share the few arenas there are.
+so the threads that come later share the few arenas there are. ``fix_mmap_threshold`` keeps
+large blocks (audio, logits) out of the arenas altogether.
 
 ``MemoryTrimmer`` runs ``malloc_trim(0)`` every ``interval_s`` seconds on a thread of its own
 (it takes the arena locks for a few milliseconds; the event loop keeps serving meanwhile) and
@@ -51,8 +52,10 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return _libc("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
 
 
-#: glibc's ``mallopt`` parameter for the most arenas (malloc.h)
+#: glibc's ``mallopt`` parameters (malloc.h): the most arenas; the size from which a block gets
+#: a mapping of its own
 _M_ARENA_MAX = -8
+_M_MMAP_THRESHOLD = -3
 
 
 def limit_arenas(n: int) -> bool:
@@ -65,6 +68,19 @@ def limit_arenas(n: int) -> bool:
         return False
     mallopt = _libc("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
     return bool(mallopt is not None and mallopt(_M_ARENA_MAX, int(n)) == 1)
+
+
+def fix_mmap_threshold(size: int) -> bool:
+    """Blocks of ``size`` bytes and more get mappings of their own, returned to the kernel when
+    freed. glibc's default threshold moves up (to 32 MiB) each time such a block is freed, so
+    the audio buffers and logits of later requests land in the arenas and fragment them; a
+    fixed threshold stops that. ``MALLOC_MMAP_THRESHOLD_`` in the environment wins. True when set."""
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    mallopt = _libc("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
+    return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, int(size)) == 1)
 
 
 class _MallInfo2(ctypes.Structure):
