@@ -183,7 +183,7 @@ class ServerConfig:
 
     #: blocks from this many MiB get mappings of their own (0: glibc's moving threshold)
     malloc_mmap_threshold_mib: float = option(
-        4.0,
+        1.0,
         "--malloc-mmap-threshold",
         parse=float,
         help="MiB from which a block gets a mapping of its own, returned to the OS when freed "
