@@ -134,3 +134,13 @@ def test_tail_final_on_whisper_equals_plain_decoding_of_its_window():
     plain = Transcriber(cfg, target=trimmed).transcribe(windows[-1], loop_fallback=True)
     assert rec.passes.records[-1].kind == "final"
     assert rec.passes.records[-1].token_ids == [int(t) for t in plain.token_ids]
+
+
+def test_bad_settings_are_refused():
+    import pytest
+
+    from speclive.errors import ConfigError
+
+    for bad in ({"final_tail_words": 0}, {"step_s": 0.0}, {"buffer_s": -1.0}):
+        with pytest.raises(ConfigError):
+            StreamConfig(**bad)

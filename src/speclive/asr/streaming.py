@@ -29,6 +29,7 @@ import numpy as np
 
 from speclive.asr.audio import SAMPLE_RATE
 from speclive.asr.passes import StreamPasses
+from speclive.errors import ConfigError
 
 
 @dataclass
@@ -97,6 +98,12 @@ class StreamConfig:
     final_tail_words: int | None = None
     #: shortest final window worth cutting to (seconds)
     final_tail_min_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.step_s <= 0 or self.buffer_s <= 0:
+            raise ConfigError(f"need step_s > 0 and buffer_s > 0, got {self.step_s} and {self.buffer_s}")
+        if self.final_tail_words is not None and self.final_tail_words < 1:
+            raise ConfigError(f"final_tail_words must be >= 1 (or None), got {self.final_tail_words}")
 
 
 def _norm(word: str) -> str:

@@ -41,6 +41,14 @@ def add_transcribe_parser(sub: argparse._SubParsersAction) -> None:
     STREAMING.add_to(p)
     p.add_argument("--step", type=float, default=1.0, help="seconds per streaming step")
     p.add_argument("--vad", action="store_true", help="skip streaming passes without speech (Silero VAD)")
+    p.add_argument(
+        "--final-tail",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--stream: the final pass hears only the audio from the last N committed words on "
+        "(faster; the words before stay as the partials committed them: lossy, see docs/asr.md)",
+    )
     p.add_argument("--threads", type=int, default=None, help="CPU threads")
     p.add_argument("--device", default="cpu", help="torch device of the Whisper models (cpu, cuda, cuda:1)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -92,7 +100,13 @@ def _stream(args: argparse.Namespace, audio, tr) -> int:
             tent = " ".join(w.text for w in part.tentative)
             print(f"[{part.audio_s:6.1f}s] {part.committed_text} | {tent}", flush=True)
 
-    run = stream_timed(audio, recognize, StreamConfig(step_s=args.step, vad=args.vad), silence_t, show)
+    run = stream_timed(
+        audio,
+        recognize,
+        StreamConfig(step_s=args.step, vad=args.vad, final_tail_words=args.final_tail),
+        silence_t,
+        show,
+    )
     records = recognize.passes.records
     if args.json:
         out = {
