@@ -58,29 +58,30 @@ _M_ARENA_MAX = -8
 _M_MMAP_THRESHOLD = -3
 
 
-def limit_arenas(n: int) -> bool:
-    """Let malloc create at most ``n`` arenas from now on (glibc; the main arena counts). A
-    ``MALLOC_ARENA_MAX`` in the environment wins: glibc applied it already and this leaves it.
-    True when the limit was set."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if os.environ.get("MALLOC_ARENA_MAX"):
+def _mallopt(param: int, value: int, env: str) -> bool:
+    """glibc's ``mallopt(param, value)`` unless the variable ``env`` set it already (glibc reads
+    it at start-up, and the user's choice wins). True when set."""
+    if value < 1:
+        raise ValueError(f"the value must be >= 1, got {value}")
+    if os.environ.get(env):
         return False
     mallopt = _libc("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
-    return bool(mallopt is not None and mallopt(_M_ARENA_MAX, int(n)) == 1)
+    return bool(mallopt is not None and mallopt(param, int(value)) == 1)
+
+
+def limit_arenas(n: int) -> bool:
+    """Let malloc create at most ``n`` arenas from now on (glibc; the main arena counts).
+    ``MALLOC_ARENA_MAX`` in the environment wins. True when the limit was set."""
+    return _mallopt(_M_ARENA_MAX, n, "MALLOC_ARENA_MAX")
 
 
 def fix_mmap_threshold(size: int) -> bool:
     """Blocks of ``size`` bytes and more get mappings of their own, returned to the kernel when
     freed. glibc's default threshold moves up (to 32 MiB) each time such a block is freed, so
     the audio buffers and logits of later requests land in the arenas and fragment them; a
-    fixed threshold stops that. ``MALLOC_MMAP_THRESHOLD_`` in the environment wins. True when set."""
-    if size < 1:
-        raise ValueError(f"size must be >= 1, got {size}")
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
-        return False
-    mallopt = _libc("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
-    return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, int(size)) == 1)
+    fixed threshold stops that. ``MALLOC_MMAP_THRESHOLD_`` in the environment wins. True when
+    set."""
+    return _mallopt(_M_MMAP_THRESHOLD, size, "MALLOC_MMAP_THRESHOLD_")
 
 
 class _MallInfo2(ctypes.Structure):
