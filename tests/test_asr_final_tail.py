@@ -86,6 +86,16 @@ def test_a_looping_end_falls_back_to_the_whole_buffer():
     assert rec.finals[1][0] == len(audio) / SAMPLE_RATE
 
 
+def test_partials_of_a_smaller_model_keep_the_whole_final_pass():
+    """When the final pass re-decides the words the partials committed, it must hear them all."""
+    audio = _speech(10)
+    rec = _Recognizer()
+    rec.redecides_final = True  # type: ignore[attr-defined]
+    run = stream_timed(audio, rec, StreamConfig(step_s=1.0, buffer_s=25.0, final_tail_words=2))
+    assert run.final.text.split() == WORDS
+    assert rec.finals == [(len(audio) / SAMPLE_RATE, None)]
+
+
 def test_short_turns_and_the_default_decode_the_whole_buffer():
     for words, cfg in (
         (10, StreamConfig(buffer_s=25.0)),

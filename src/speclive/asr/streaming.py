@@ -198,7 +198,8 @@ class OnlineASR:
         ones (the words' times are estimates: the cut may fall a word early or late)."""
         k = self.cfg.final_tail_words
         inside = [w for w in self.state.committed if w.start >= self.offset]
-        if k is None or len(inside) <= k:
+        # partials from a smaller model: the final pass re-decides every word of the buffer
+        if k is None or len(inside) <= k or getattr(self.recognize, "redecides_final", False):
             return self.offset, []
         cut_t = self.offset + quiet_point(self.buffer, inside[-k].start - self.offset)
         if self.received - cut_t < self.cfg.final_tail_min_s:
