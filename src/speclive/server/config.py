@@ -181,13 +181,16 @@ class ServerConfig:
         help="most malloc arenas of the process: fewer keep less freed memory resident (0: glibc's default)",
     )
 
-    #: blocks from this many MiB get mappings of their own (0: glibc's moving threshold)
+    #: blocks from this many MiB get mappings of their own (0: glibc's moving threshold). Off
+    #: by default: each such block then costs its page faults again (a 1.5 MB logits copy took
+    #: 1.5 ms instead of 56 us, docs/server.md), and the serving path makes some every step
     malloc_mmap_threshold_mib: float = option(
-        1.0,
+        0.0,
         "--malloc-mmap-threshold",
         parse=float,
-        help="MiB from which a block gets a mapping of its own, returned to the OS when freed "
-        "(0: glibc's default, which moves up to 32 MiB)",
+        help="MiB from which a block gets a mapping of its own, returned to the OS when freed: "
+        "less memory held, but each such block is faulted in again (0, the default: glibc's "
+        "threshold, which moves up to 32 MiB)",
     )
 
     def __post_init__(self) -> None:
