@@ -106,14 +106,15 @@ class StreamPasses:
         have heard in ``audio`` when it is only the end of what they heard; they are the draft.
         ``loop_fallback``: as ``Transcriber.transcribe``'s (default: on for the final pass)."""
         tr = self.transcriber if final else self.partials
-        hint = self._hints(tr) if self.draft else None
         tok = _tokenizer(tr)
+        hint = None
         if self.draft and expect and tok is not None:
             hint = [ids for ids in (tok.encode(" " + t.strip()) for t in expect if t.strip()) if ids]
+        elif self.draft:
+            hint = self._hints(tr)
         fallback = final if loop_fallback is None else loop_fallback
         result = tr.transcribe(audio, loop_fallback=fallback, hint=hint or None)
         ids = [int(t) for t in getattr(result, "token_ids", []) or []]
-        tok = _tokenizer(tr)
         if ids and tok is not None:
             raw = tok.decode(ids, skip_special_tokens=True)
             self.hypotheses = [_Hypothesis(tok, ids, raw)] + [
