@@ -52,6 +52,24 @@ def test_turn_detector_start_pause_resume_end():
     assert det2.feed(np.concatenate([_frames(0.1, 0.9), _frames(1.0, 0.0)])) == []
 
 
+def test_no_partial_pass_starts_while_a_pause_may_be_starting():
+    """A partial transcription pass waits while the VAD hears silence shorter than ``pause_s``:
+    the pause's final pass would otherwise wait for it."""
+    from speclive.live.pipeline import LivePipeline, _Turn
+
+    pipe = LivePipeline(ScriptedTranscriber("one two", 1.0, 0.3), LiveConfig(turn=TurnConfig(pause_s=0.2)))
+    det = pipe.turns
+    det.feed(_frames(2.0, 0.9))  # speaking for 2 s: a partial pass is due (step 1 s)
+    turn = _Turn(1, start_t=0.0, audio=[np.zeros(2 * SAMPLE_RATE, np.float32)])
+    assert det.silence_s == 0.0 and pipe._asr_due(turn)
+    det.feed(_frames(0.1, 0.0))  # 0.1 s of silence: a pause may be starting
+    assert 0.0 < det.silence_s < 0.2 and not pipe._asr_due(turn)
+    det.feed(_frames(0.05, 0.9))  # the voice goes on
+    assert det.silence_s == 0.0 and pipe._asr_due(turn)
+    turn.speech_end_t = 2.0  # paused: the final pass covers it
+    assert not pipe._asr_due(turn)
+
+
 def test_turn_detector_caps_long_turns_and_validates():
     det = TurnDetector(TurnConfig(max_turn_s=2.0))
     kinds = [c.kind for c in det.feed(_frames(3.0, 0.9))]

@@ -68,10 +68,16 @@ class TranscribeConfig:
     #: None: Whisper's full 30 s window (the reference every lossless method reproduces).
     #: A trimmed window can make Whisper loop; a segment whose text compresses too well
     #: (``loop_ratio``, faster-whisper's hallucination test) or that runs past
-    #: ``loop_tokens_per_s`` is decoded again over the full window.
+    #: ``loop_tokens_per_s`` is decoded again over a wider window (``loop_retry_margins_s``,
+    #: in order), and over the full window when those loop too.
     target_audio_margin_s: float | None = None
     loop_ratio: float = 2.4
     loop_tokens_per_s: float = 8.0
+    #: margins (seconds, each wider than ``target_audio_margin_s``) a looping segment is
+    #: decoded with before the full window: a few seconds of padding stop most loops of a
+    #: short turn at a fraction of the full window's encoder (docs/asr.md). Empty: straight to
+    #: the full window.
+    loop_retry_margins_s: tuple[float, ...] = (5.0,)
     #: draft length of plain SD
     sd_len: int = 8
     #: SpecASR switches (defaults: every technique on)
@@ -126,9 +132,11 @@ class TranscribeStats:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     audio_s: float = 0.0
-    #: segments whose trimmed-window decode looped (decoded again over the full window, or cut
-    #: before the loop without ``loop_fallback``)
+    #: segments whose trimmed-window decode looped (decoded again over a wider or the full
+    #: window, or cut before the loop without ``loop_fallback``)
     loops: int = 0
+    #: wider windows (``loop_retry_margins_s``) that looped too
+    loop_retries: int = 0
 
     @property
     def mean_accepted(self) -> float:
@@ -365,16 +373,37 @@ class Transcriber:
             return self._decode_window(chunk, stats, hints=hints)[:2]
         cap = int(len(chunk) / SAMPLE_RATE * self.cfg.loop_tokens_per_s) + 8
         ids, text, looped = self._decode_window(chunk, stats, max_tokens=cap, stop_repeat=True, hints=hints)
-        if not looped and len(ids) < cap and _compression_ratio(text) <= self.cfg.loop_ratio:
+        if not self._loops(ids, text, looped, cap):
             return ids, text
         stats.loops += 1
         if not loop_fallback:  # a partial: what came before the loop started, or nothing
             return (ids, text) if looped else ([], "")
-        self.target.audio_margin_s = None  # a loop: the full window decides
+        # what came before the text started over is usually right: it drafts the retries
+        retry_hints = ([ids] if looped and ids else []) + list(hints or [])
         try:
-            return self._decode_window(chunk, stats)[:2]
+            # a loop: wider windows, then the full one, decide
+            for wider in [m for m in self.cfg.loop_retry_margins_s if m > margin]:
+                self.target.audio_margin_s = wider
+                if self.target.encoder_frames(len(chunk)) >= self._full_frames():
+                    break  # as wide as the full window already
+                ids, text, looped = self._decode_window(
+                    chunk, stats, max_tokens=cap, stop_repeat=True, hints=retry_hints or None
+                )
+                if not self._loops(ids, text, looped, cap):
+                    return ids, text
+                stats.loop_retries += 1
+            self.target.audio_margin_s = None
+            return self._decode_window(chunk, stats, hints=retry_hints or None)[:2]
         finally:
             self.target.audio_margin_s = margin
+
+    def _loops(self, ids: list[int], text: str, looped: bool, cap: int) -> bool:
+        """Whether a trimmed window's decode looped (or ran to ``cap`` tokens)."""
+        return looped or len(ids) >= cap or _compression_ratio(text) > self.cfg.loop_ratio
+
+    def _full_frames(self) -> int:
+        assert self.target is not None
+        return int(self.target.model.config.max_source_positions)
 
     def _decode_window(
         self,

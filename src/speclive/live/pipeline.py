@@ -360,7 +360,12 @@ class LivePipeline:
 
     def _asr_due(self, turn: _Turn) -> bool:
         have = sum(len(x) for x in turn.audio) / SAMPLE_RATE
-        return turn.speech_end_t is None and have - turn.fed_s >= self.cfg.asr_step_s
+        if turn.speech_end_t is not None or have - turn.fed_s < self.cfg.asr_step_s:
+            return False
+        # The VAD hears silence: within ``pause_s`` either the voice goes on or a pause starts
+        # the final pass, which hears the same words. A partial pass started now would hold
+        # that pass back by its own length, so it waits.
+        return not 0.0 < self.turns.silence_s < self.cfg.turn.pause_s - 1e-9
 
     def _charge(self, turn: _Turn | None, kind: str, seconds: float) -> None:
         if turn is not None:

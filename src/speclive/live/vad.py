@@ -138,6 +138,11 @@ class TurnDetector:
                 out.append(TurnChange("pause", self.last_voice_t, self.t))
         return out
 
+    @property
+    def silence_s(self) -> float:
+        """Silence since the last voiced frame of the open turn (0 when none is open)."""
+        return self.t - self.last_voice_t if self.in_turn else 0.0
+
     def force_end(self) -> TurnChange | None:
         """The input ended: end a turn in progress."""
         if not self.in_turn:
