@@ -90,7 +90,9 @@ def summarize(rows: list[dict]) -> dict:
             "vs_full_looping": paired_ratio(
                 [r["results"][base]["ms"] for r in looping], [r["results"][name]["ms"] for r in looping]
             ),
-            "looping_p50_ms": float(np.median([r["results"][name]["ms"] for r in looping])) if looping else None,
+            "looping_p50_ms": (
+                float(np.median([r["results"][name]["ms"] for r in looping])) if looping else None
+            ),
             "same_text_as_full": sum(r["results"][name]["text"] == r["results"][base]["text"] for r in rows),
         }
     return {"looping_turns": len(looping), "settings": out}
