@@ -136,6 +136,9 @@ def test_summary_tables_and_plot(tmp_path):
     assert abs(fused["latency_p50"] - 0.425) < 1e-9 and fused["identical"] == 6
     assert abs(fused["extra_compute_s"] - 0.5) < 1e-9
     assert 0.3 < fused["vs_cascade"]["median"] < 0.5
+    w = fused["waterfall"]
+    assert abs(w["vad_lag_s"] - 0.1) < 1e-9 and abs(w["decision_s"] - 0.1) < 1e-9
+    assert abs(w["audio_s"] - 0.2) < 1e-9 and w["llm_s"] == 0.2
     rows = _rows()
     result = {
         "header": {"machine": {}, "command": "speclive bench turns"},
@@ -150,6 +153,7 @@ def test_summary_tables_and_plot(tmp_path):
     }
     md = tb.markdown(result)
     assert "| fused | predgen | 6 |" in md and "low" in md and "normalised" in md
+    assert "| fused | predgen | 0.10 | 0.10 | 0.20 | 0.30 | 0.20 | 0.10 |" in md  # the waterfall
     paths = tb.write_outputs(result, tmp_path, "unit")
     assert [p.suffix for p in paths] == [".json", ".md", ".png"] and all(p.stat().st_size for p in paths)
 

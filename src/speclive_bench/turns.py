@@ -525,6 +525,28 @@ def reference_answers(models, records: list[dict[str, Any]], max_tokens: int, lo
 
 
 # ---- summaries -------------------------------------------------------------------------------
+def waterfall(complete: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """Where a complete turn's wait goes, medians in seconds: the VAD's lag behind the true end of
+    speech, the turn decision after the VAD's end, the first audio after the decision, and the
+    pipeline's ASR / LM / TTS seconds per turn."""
+
+    def med(key: Callable[[dict[str, Any]], float | None]) -> float | None:
+        vals = [v for v in (key(r) for r in complete) if v is not None]
+        return statistics.median(vals) if vals else None
+
+    def gap(a: str, b: str) -> Callable[[dict[str, Any]], float | None]:
+        return lambda r: None if r.get(a) is None or r.get(b) is None else r[b] - r[a]
+
+    return {
+        "vad_lag_s": med(gap("true_end_t", "speech_end_vad")),
+        "decision_s": med(gap("speech_end_vad", "decided_t")),
+        "audio_s": med(gap("decided_t", "audio_start_t")),
+        "asr_s": med(lambda r: r.get("asr_s")),
+        "llm_s": med(lambda r: r.get("llm_s")),
+        "tts_s": med(lambda r: r.get("tts_s")),
+    }
+
+
 def summarize(records: Sequence[dict[str, Any]], configs: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     base = {r["turn"]: r for r in records if (r["policy"], r["method"]) == ("silence:0.5", "cascade")}
     pc = {r["turn"]: r for r in records if r["method"] == "pipecat"}
@@ -557,6 +579,7 @@ def summarize(records: Sequence[dict[str, Any]], configs: Sequence[tuple[str, st
             "judged": len(ident),
             "compute_s": statistics.mean([r["compute_s"] for r in rs if "compute_s" in r] or [0.0]),
             "unanswered": sum(r.get("latency_s") is None for r in rs),
+            "waterfall": waterfall(complete),
         }
         pairs = [
             (base[r["turn"]]["compute_s"], r["compute_s"])
@@ -781,6 +804,18 @@ LIVE_COLUMNS = [
 ]
 
 
+WATERFALL_COLUMNS = [
+    ("policy", "policy", 0),
+    ("method", "method", 0),
+    ("vad_lag_s", "VAD end after the true end", 2),
+    ("decision_s", "decision after the VAD end", 2),
+    ("audio_s", "first audio after the decision", 2),
+    ("asr_s", "ASR s / turn", 2),
+    ("llm_s", "LM s / turn", 2),
+    ("tts_s", "TTS s / turn", 2),
+]
+
+
 def _pair(a: Any, b: Any) -> str:
     return f"{_f(a)} / {_f(b)}"
 
@@ -847,6 +882,14 @@ def markdown(result: dict[str, Any]) -> str:
             "seconds per turn; extra: the median paired difference to the cascade (silence 0.5 s).",
             "",
             report.md_table(LIVE_COLUMNS, rows),
+            "",
+            "Where the time goes on turns without a mid-turn pause (medians, s): the VAD's end of "
+            "speech after the true end, the turn decision after the VAD's end, the first audio after "
+            "the decision; ASR / LM / TTS seconds per turn.",
+            "",
+            report.md_table(
+                WATERFALL_COLUMNS, [{**r, **(r.get("waterfall") or {})} for r in result["summary"]]
+            ),
         ]
         near = [r for r in result["records"] if r.get("identity") == "near-tie"]
         if near:
