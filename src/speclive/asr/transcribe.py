@@ -384,7 +384,7 @@ class Transcriber:
             # a loop: wider windows, then the full one, decide
             for wider in [m for m in self.cfg.loop_retry_margins_s if m > margin]:
                 self.target.audio_margin_s = wider
-                if self.target.encoder_frames(len(chunk)) >= self._full_frames():
+                if self.target.encoder_frames(len(chunk)) >= self.target.full_frames:
                     break  # as wide as the full window already
                 ids, text, looped = self._decode_window(
                     chunk, stats, max_tokens=cap, stop_repeat=True, hints=retry_hints or None
@@ -400,10 +400,6 @@ class Transcriber:
     def _loops(self, ids: list[int], text: str, looped: bool, cap: int) -> bool:
         """Whether a trimmed window's decode looped (or ran to ``cap`` tokens)."""
         return looped or len(ids) >= cap or _compression_ratio(text) > self.cfg.loop_ratio
-
-    def _full_frames(self) -> int:
-        assert self.target is not None
-        return int(self.target.model.config.max_source_positions)
 
     def _decode_window(
         self,

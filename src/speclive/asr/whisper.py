@@ -348,9 +348,14 @@ class WhisperBackend(Backend):
         ctx.encode_s = time.perf_counter() - t0
         return ctx.encode_s
 
+    @property
+    def full_frames(self) -> int:
+        """Encoder frames of Whisper's whole 30 s window."""
+        return int(self.model.config.max_source_positions)
+
     def encoder_frames(self, n_samples: int) -> int:
         """Encoder frames this backend encodes for ``n_samples`` of 16 kHz audio."""
-        full = int(self.model.config.max_source_positions)
+        full = self.full_frames
         if self.audio_margin_s is None:
             return full
         # 160 samples per mel frame, two mel frames per encoder frame (conv stride 2)
@@ -361,7 +366,7 @@ class WhisperBackend(Backend):
         """Encoder output ``[frames, d_model]``: transformers' encoder over the whole window,
         or ``encode_window`` when ``audio_margin_s`` trims it."""
         frames = self.encoder_frames(n_samples)
-        if frames == int(self.model.config.max_source_positions):
+        if frames == self.full_frames:
             return self.model.model.encoder(feats).last_hidden_state[0]
         return self.encode_window(feats, frames)
 
