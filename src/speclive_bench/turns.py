@@ -531,8 +531,7 @@ def waterfall(complete: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     pipeline's ASR / LM / TTS seconds per turn."""
 
     def med(key: Callable[[dict[str, Any]], float | None]) -> float | None:
-        vals = [v for v in (key(r) for r in complete) if v is not None]
-        return statistics.median(vals) if vals else None
+        return percentile([key(r) for r in complete], 50)
 
     def gap(a: str, b: str) -> Callable[[dict[str, Any]], float | None]:
         return lambda r: None if r.get(a) is None or r.get(b) is None else r[b] - r[a]
