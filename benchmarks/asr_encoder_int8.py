@@ -27,7 +27,7 @@ def main() -> int:
     from speclive.tts.piper import PiperTTS
     from speclive.tts.sentences import split_sentences
     from speclive_bench.datasets import mtbench_questions
-    from speclive_bench.report import provenance
+    from speclive_bench.report import provenance, provenance_line
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/asr-encoder-int8.md"))
@@ -80,8 +80,7 @@ def main() -> int:
     lines = [
         "# whisper-base encoder: float32 against dynamic int8 (audio + 1 s window)",
         "",
-        f"- provenance: commit {prov['commit']} (clean: {prov['clean']}), {prov['cpu']['name']} "
-        f"({prov['cpu']['detail']}), kernel {prov['kernel']}, {prov['created']}",
+        provenance_line(prov),
         f"- torch {torch.__version__}, {torch.get_num_threads()} threads; "
         f"median of {args.repeats} runs per clip",
         f"- command: `{prov['command']}`",

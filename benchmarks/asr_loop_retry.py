@@ -99,12 +99,13 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def markdown(result: dict) -> str:
+    from speclive_bench.report import provenance_line
+
     prov, s = result["provenance"], result["summary"]
     lines = [
         "# The final pass of a live turn whose trimmed window loops: wider windows, then the full one",
         "",
-        f"- provenance: commit {prov['commit']} (clean: {prov['clean']}), {prov['cpu']['name']} "
-        f"({prov['cpu']['detail']}), kernel {prov['kernel']}, {prov['created']}",
+        provenance_line(prov),
         f"- command: `{prov['command']}`",
         f"- model: {result['models']['asr']} ({result['models']['method']}); {len(result['rows'])} turns "
         "(turnset-v1, all splits), each cut at its true end + 0.1 s, drafted by a partial pass "

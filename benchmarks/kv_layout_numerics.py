@@ -39,6 +39,7 @@ from speclive_bench.report import (
     load_avg,
     machine_info,
     provenance,
+    provenance_line,
     refuse_dirty_results,
     write_json,
 )
@@ -148,9 +149,7 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [
         f"# llama.cpp numerics: KV layout and the prompt cache, flash attention on and off ({res['model']})",
         "",
-        f"- provenance: commit {p['commit']} (clean: {p['clean']}), "
-        f"{p['cpu']['name']} ({p['cpu']['detail']}), "
-        f"kernel {p['kernel']}, {p['created']}; load average before loading {res['load_avg_start']}",
+        provenance_line(p, f"; load average before loading {res['load_avg_start']}"),
         f"- command: `{p['command']}`",
         "",
         "| flash attention | layout: max abs diff beside another state | next turn vs replay: max "

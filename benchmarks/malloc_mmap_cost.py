@@ -55,7 +55,7 @@ def _one(threshold: int, rows: int, vocab: int, n: int) -> float:
 
 
 def main() -> int:
-    from speclive_bench.report import provenance
+    from speclive_bench.report import provenance, provenance_line
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/malloc-mmap-cost.md"))
@@ -71,8 +71,7 @@ def main() -> int:
     lines = [
         "# A copy of a verification's logits rows under glibc's moving and a fixed mmap threshold",
         "",
-        f"- provenance: commit {prov['commit']} (clean: {prov['clean']}), {prov['cpu']['name']} "
-        f"({prov['cpu']['detail']}), kernel {prov['kernel']}, {prov['created']}",
+        provenance_line(prov),
         f"- command: `{prov['command']}`",
         f"- {args.copies} copies per process, {args.repeats} processes per cell, interleaved; median",
         "",

@@ -211,7 +211,7 @@ def make_clips(tmp: Path, say=print) -> tuple[dict[str, np.ndarray], list[str]]:
 def main() -> int:
     from speclive.live.smartturn import THRESHOLD, SmartTurn, log_mel, window_audio
     from speclive.models.install import speclive_home
-    from speclive_bench.report import provenance
+    from speclive_bench.report import provenance, provenance_line
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/smart-turn-check.md"))
@@ -315,8 +315,7 @@ def main() -> int:
     lines = [
         "# Smart Turn v3.2: speclive's SmartTurn against Pipecat's own analyzer",
         "",
-        f"- provenance: commit {prov['commit']} (clean: {prov['clean']}), {prov['cpu']['name']} "
-        f"({prov['cpu']['detail']}), kernel {prov['kernel']}, {prov['created']}",
+        provenance_line(prov),
         f"- command: `{prov['command']}` ({result['wall_s']} s)",
         f"- peer: pipecat-ai {peer['pipecat']} `LocalSmartTurnAnalyzerV3(cpu_count=1)` in its own venv, "
         f"onnxruntime {peer['onnxruntime']} on both sides; its `_predict_endpoint` on the float arrays, "

@@ -110,3 +110,22 @@ def test_a_dirty_result_is_no_current_figure(tmp_path: Path) -> None:
     with pytest.raises(TableError, match="not a current result"):
         tables.blocks(root)
     assert tables.main(["--root", str(root)]) == 2
+
+
+def test_a_scripts_provenance_line_is_what_the_tables_read() -> None:
+    """Standalone benchmark scripts write ``report.provenance_line``; a report without a JSON
+    beside it is current only if ``bench tables`` parses that line back."""
+    from speclive_bench.report import provenance_line
+
+    prov = {
+        "commit": "a" * 40,
+        "clean": True,
+        "cpu": {"name": "AMD EPYC", "detail": "family 25 model 1, avx2"},
+        "kernel": "6.1.0",
+        "created": "2026-11-27T10:00:00+00:00",
+    }
+    m = tables._MD_PROVENANCE.search(provenance_line(prov))
+    assert m is not None
+    assert (m["commit"], m["clean"], m["kernel"]) == ("a" * 40, "True", "6.1.0")
+    assert m["cpu"] == "AMD EPYC (family 25 model 1, avx2)"
+    assert provenance_line(prov, "; load 0.1").endswith("+00:00; load 0.1")

@@ -142,6 +142,16 @@ def provenance(command: str) -> dict[str, Any]:
     }
 
 
+def provenance_line(prov: Mapping[str, Any], extra: str = "") -> str:
+    """The ``- provenance:`` line of a standalone script's Markdown report, in the form
+    ``speclive bench tables`` reads from a report without a JSON beside it (``extra`` is appended
+    as it is)."""
+    return (
+        f"- provenance: commit {prov['commit']} (clean: {prov['clean']}), {prov['cpu']['name']} "
+        f"({prov['cpu']['detail']}), kernel {prov['kernel']}, {prov['created']}{extra}"
+    )
+
+
 def gpu_model() -> str | None:
     """The CUDA device's name when torch is already loaded and sees one (never imports torch)."""
     torch = sys.modules.get("torch")
