@@ -375,7 +375,7 @@ def test_voice_sessions_use_the_voice_prompt_and_text_sessions_keep_predgens():
         assert words in VOICE_SYSTEM_PROMPT
     cfg = voice_predgen(verifier="topk:3")
     assert cfg.system == VOICE_SYSTEM_PROMPT and cfg.max_tokens == VOICE_MAX_TOKENS == 96
-    assert cfg.verifier == "topk:3" and cfg.line_breaks and cfg.first_clause_words > 0
+    assert cfg.verifier == "topk:3" and cfg.line_breaks and cfg.first_clause_words > 0 and cfg.first_words > 0
     assert voice_predgen(system="custom", max_tokens=40).system == "custom"
     # VoiceChat without settings and the server's realtime voice session get the voice prompt
     assert VoiceChat(object(), None).pcfg.system == VOICE_SYSTEM_PROMPT  # type: ignore[arg-type]

@@ -62,6 +62,24 @@ def test_a_first_clause_of_enough_words_ends_the_first_unit():
     assert first_sentence_end("One two three four five", clause_words=4) == -1  # no clause end yet
 
 
+def test_a_long_first_unit_ends_after_max_words_at_a_word_that_does_not_hang():
+    text = "Octopuses have three hearts and blue blood which pumps"
+    # the sixth word "and" would hang: the unit takes the next word that does not
+    assert first_sentence_end(text, max_words=4) == len("Octopuses have three hearts")
+    assert first_sentence_end(text, max_words=5) == len("Octopuses have three hearts and blue")
+    # the cut waits until the next word has begun (a mark may still follow the space)
+    assert first_sentence_end("Octopuses have three hearts ", max_words=4) == -1
+    # a sentence or clause that ends sooner comes first
+    assert first_sentence_end("Yes. Octopuses have three hearts and", max_words=2) == len("Yes.")
+    well = "Well, octopuses have three hearts and"
+    assert first_sentence_end(well, clause_words=1, max_words=3) == len("Well,")
+    assert first_sentence_end("Octopuses have hearts. Three of", max_words=3) == len("Octopuses have hearts.")
+    # a run of hanging words ends after the slack
+    assert first_sentence_end("I was in the of to a an it", max_words=2) == len("I was in the of")
+    assert first_sentence_end(text, max_words=0) == -1  # off
+    assert first_sentence_end("Two words", complete=True, max_words=6) == len("Two words")
+
+
 def test_word_arrivals_at_600_cpm():
     arr = word_arrivals("ab cd", 600)  # 10 characters per second
     assert arr == [("ab", pytest.approx(0.2)), ("cd", pytest.approx(0.5))]

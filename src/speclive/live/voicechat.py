@@ -44,6 +44,9 @@ from speclive.tts.base import TTS
 
 #: words a voice answer's first spoken unit needs before a , ; or : may end it
 VOICE_FIRST_CLAUSE = 4
+#: about how many words a voice answer's first spoken unit may have when no sentence or clause
+#: ends sooner: the first audio waits for a few tokens, not a whole sentence
+VOICE_FIRST_WORDS = 6
 #: most tokens a spoken answer may take (the voice prompt asks for one to three short sentences)
 VOICE_MAX_TOKENS = 96
 #: the system prompt of a voice session: PredGen's (the user's words may be truncated, since the
@@ -60,12 +63,14 @@ def voice_predgen(**overrides: Any) -> PredGenConfig:
     """PredGen settings for a spoken answer: the voice system prompt (``VOICE_SYSTEM_PROMPT``:
     short spoken sentences, no markdown), at most ``VOICE_MAX_TOKENS`` tokens, a line break
     ends a sentence too (a list's lead-in is spoken on its own) and the first unit may be a
-    clause of ``VOICE_FIRST_CLAUSE`` words or more, so its audio is ready sooner."""
+    clause of ``VOICE_FIRST_CLAUSE`` words or more, or end after about ``VOICE_FIRST_WORDS``
+    words, so its audio is ready sooner."""
     defaults: dict[str, Any] = {
         "system": VOICE_SYSTEM_PROMPT,
         "max_tokens": VOICE_MAX_TOKENS,
         "line_breaks": True,
         "first_clause_words": VOICE_FIRST_CLAUSE,
+        "first_words": VOICE_FIRST_WORDS,
     }
     return PredGenConfig(**{**defaults, **overrides})
 

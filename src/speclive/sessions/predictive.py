@@ -96,6 +96,10 @@ class PredGenConfig:
     #: if > 0, the answer's first spoken unit may be a clause of at least this many words
     #: (ending at , ; or :) instead of a whole sentence: its audio is ready sooner
     first_clause_words: int = 0
+    #: if > 0, the answer's first spoken unit ends after about this many words where no sentence
+    #: or clause ends sooner (``tts.sentences.first_sentence_end``'s ``max_words``): the user
+    #: hears the answer begin after a few tokens rather than a whole sentence
+    first_words: int = 0
 
 
 @dataclass
@@ -482,7 +486,9 @@ class PredictiveResponder:
     def _first_end(self, text: str, complete: bool = False) -> int:
         """Where the answer's first spoken unit ends in ``text`` (-1: not yet)."""
         cfg = self.cfg
-        return first_sentence_end(text, complete, cfg.line_breaks, clause_words=cfg.first_clause_words)
+        return first_sentence_end(
+            text, complete, cfg.line_breaks, clause_words=cfg.first_clause_words, max_words=cfg.first_words
+        )
 
     def _tokens_covering(self, ids: list[int], chars: int) -> int:
         """Fewest leading tokens of ``ids`` whose text covers ``chars`` characters."""

@@ -6,7 +6,9 @@ response). Lists ("1. Apples") are not broken after the number.
 
 A voice answer's *first* unit may be shorter than a sentence (``clause_words``): a clause
 ending at ``,`` ``;`` or ``:`` after enough words is spoken on its own, so its audio is ready
-sooner; the rest of the sentence follows as the next unit.
+sooner; the rest of the sentence follows as the next unit. ``max_words`` bounds it further: a
+first unit with no sentence or clause end within that many words ends after them, at a word
+that does not leave the fragment hanging on an article, preposition or conjunction.
 """
 
 from __future__ import annotations
@@ -15,10 +17,19 @@ import re
 
 _END = re.compile(r"(?<!\b\d)(?<!\b[A-Za-z])[.?!]+[\"')\]]*(?=\s)")
 _CLAUSE = re.compile(r"[,;:](?=\s)")
+_WORD = re.compile(r"\S+(?=\s)")
+#: words a spoken fragment should not end on (it would hang: "Octopuses have three hearts and")
+_HANGING = frozenset(
+    "a an the and or but nor so to of in on at by for with from into about as than that which who "
+    "whose whom is are was were be been being has have had do does did will would can could "
+    "should may might must my your his her its our their this these those very not".split()
+)
+#: how many words past ``max_words`` a fragment may grow while its last word would hang
+_HANG_SLACK = 3
 
 
 def first_sentence_end(
-    text: str, complete: bool = False, line_breaks: bool = False, clause_words: int = 0
+    text: str, complete: bool = False, line_breaks: bool = False, clause_words: int = 0, max_words: int = 0
 ) -> int:
     """Character index just past the first sentence, or -1 if it is not finished yet.
 
@@ -27,6 +38,9 @@ def first_sentence_end(
     "... are:" and each item are spoken as sentences of their own).
     ``clause_words``: if > 0, a clause of at least that many words ending at ``,`` ``;`` or
     ``:`` (before the sentence's end) ends the unit too.
+    ``max_words``: if > 0, a unit that would run past that many words ends after the first
+    word from there on that does not hang (``_HANGING``; at most ``_HANG_SLACK`` words more),
+    once the word after it has begun.
     """
     end = _sentence_end(text, complete, line_breaks)
     if clause_words > 0:
@@ -34,8 +48,26 @@ def first_sentence_end(
             if end >= 0 and m.end() >= end:
                 break
             if len(text[: m.start()].split()) >= clause_words:
-                return m.end()
+                end = m.end()
+                break
+    if max_words > 0:
+        cut = _word_cut(text, max_words)
+        if cut >= 0 and (end < 0 or cut < end):
+            return cut
     return end
+
+
+def _word_cut(text: str, max_words: int) -> int:
+    """Index just past the word that ends a ``max_words`` fragment (-1: not there yet)."""
+    for n, m in enumerate(_WORD.finditer(text), 1):
+        if n < max_words:
+            continue
+        word = m.group().strip("\"'()[]").lower()
+        if n >= max_words + _HANG_SLACK or word not in _HANGING:
+            # the cut needs the next word begun: a space alone may still precede punctuation
+            rest = text[m.end() :]
+            return m.end() if rest.strip() else -1
+    return -1
 
 
 def _sentence_end(text: str, complete: bool, line_breaks: bool) -> int:
