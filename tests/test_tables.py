@@ -48,6 +48,21 @@ def test_figure_paths() -> None:
         extract(doc, "summary[set=c].v")
 
 
+def test_a_figure_writes_its_interval_from_the_same_file() -> None:
+    doc = {"summary": [{"m": "a", "r": 0.44, "lo": 0.4, "hi": 0.57}]}
+    spec = {
+        "figure": "summary[m=a].r",
+        "format": "{:.2f}×",
+        "also": [
+            {"figure": "summary[m=a].lo", "format": " (95 % CI {:.2f}"},
+            {"figure": "summary[m=a].hi", "format": "–{:.2f})"},
+        ],
+    }
+    assert figure(doc, spec) == (0.44, "0.44× (95 % CI 0.40–0.57)")
+    with pytest.raises(TableError):  # a figure the file lacks is an error
+        figure(doc, {**spec, "also": [{"figure": "summary[m=a].p90"}]})
+
+
 def test_a_lossy_figure_shows_its_quality_beside_it() -> None:
     doc = {"summary": [{"m": "topk", "speedup": 2.5, "identical": 8, "n": 80}]}
     spec = {

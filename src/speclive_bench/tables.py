@@ -15,7 +15,9 @@ the files give, when a doc cites a result file that does not exist (``check_link
 file in ``benchmarks/results`` lacks a full provenance from a clean tree (``unprovenanced``).
 
 A row or history entry may add ``quality``: a list of ``{figure, format}`` read from the same
-file and shown after the figure, so a lossy mode's quality stands beside its speed.
+file and shown after the figure, so a lossy mode's quality stands beside its speed; and
+``also``: figures of the same file written right after the figure (its confidence interval,
+the peers' figures of the same run), so no number in a row is typed by hand.
 
 A figure is a path into the JSON: dotted keys, ``name[key=value,...]`` picks the first element
 of a list whose fields equal those values (compared as text), a number indexes a list, e.g.
@@ -106,9 +108,11 @@ def extract(doc: Any, expr: str) -> Any:
 
 def figure(doc: Any, spec: Mapping[str, Any]) -> tuple[float | int | str, str]:
     """``(value, text)`` of the figure ``spec`` (``figure``, ``format``) in ``doc``, followed by
-    its ``quality`` figures (a lossy mode's quality beside its speed), read the same way."""
+    its ``also`` figures and its ``quality`` figures (a lossy mode's quality beside its speed),
+    read the same way."""
     value = extract(doc, spec["figure"])
     text = spec.get("format", "{}").format(value)
+    text += "".join(a.get("format", " {}").format(extract(doc, a["figure"])) for a in spec.get("also", []))
     quality = [q.get("format", "{}").format(extract(doc, q["figure"])) for q in spec.get("quality", [])]
     if quality:
         text += f" (quality: {', '.join(quality)})"
