@@ -4,6 +4,7 @@ latency after the true end, the sweep and its calibration, the tables and the pl
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from speclive.live.turnpolicy import TurnPolicy, TurnPolicyConfig
 from speclive_bench import turns as tb
@@ -172,3 +173,17 @@ def test_live_configs_and_policy_names():
     else:  # pragma: no cover
         raise AssertionError("an unknown policy must fail")
     assert tb.normalise("Hello, World! It's me.") == "hello world it's me"
+
+
+def test_a_method_variant_runs_the_method_with_its_voice_settings():
+    opts = tb.TurnsBenchOptions(methods=["predgen", "predgen/sentence"], policies=["fused"])
+    assert tb.live_configs(opts) == [
+        ("silence:0.5", "cascade"),
+        ("fused", "predgen"),
+        ("fused", "predgen/sentence"),
+    ]
+    assert tb.split_method("predgen/sentence") == ("predgen", "sentence")
+    assert tb.voice_config(32).first_words > 0
+    assert tb.voice_config(32, "sentence").first_words == 0
+    with pytest.raises(ValueError, match="predgen/sentence"):
+        tb.live_configs(tb.TurnsBenchOptions(methods=["predgen/psychic"]))

@@ -64,6 +64,10 @@ from speclive_bench.turnset import load_turnset, turns
 #: live policies: ``silence:S`` (the VAD timeout alone, S seconds), ``audio``, ``text``, ``fused``
 POLICIES = ("silence:0.5", "silence:0.8", "audio", "text", "fused")
 METHODS = ("predgen", "prefill", "preemptive")
+#: ``METHOD/VARIANT``: the method with other voice settings, to measure one setting in the same
+#: interleaved run (``sentence``: the first spoken unit is a whole sentence or a clause, with no
+#: word bound, as before ``VOICE_FIRST_WORDS``)
+VARIANTS: dict[str, dict[str, Any]] = {"sentence": {"first_words": 0}}
 #: mid-turn pauses at least this long count for the false-cut-off target
 LONG_PAUSE_S = 0.4
 #: a VAD speech end this close to the true end (or later) is the end of the turn
@@ -89,7 +93,12 @@ class TurnsBenchOptions:
     policies: Sequence[str] = option(
         POLICIES, "--policies", help="silence:S, audio, text, fused", always=True
     )
-    methods: Sequence[str] = option(METHODS, "--methods", help="predgen, prefill, preemptive", always=True)
+    methods: Sequence[str] = option(
+        METHODS,
+        "--methods",
+        help="predgen, prefill, preemptive; METHOD/sentence: a whole first sentence (VARIANTS)",
+        always=True,
+    )
     #: (policy, method) pairs beyond predgen: the matrix is predgen x policies, plus these
     #: policies for the other methods (all policies: the full matrix)
     other_policies: Sequence[str] = option(
@@ -247,10 +256,20 @@ def rescore(rows: Sequence[dict[str, Any]], manifest: dict[str, Any]) -> list[di
     return out
 
 
-def voice_config(max_tokens: int):
-    """The voice chat's PredGen settings, with the benchmark's answer length."""
+def voice_config(max_tokens: int, variant: str = ""):
+    """The voice chat's PredGen settings, with the benchmark's answer length (and a
+    ``VARIANTS`` entry's changes)."""
 
-    return voice_predgen(max_tokens=max_tokens, speak_rest=False)
+    return voice_predgen(max_tokens=max_tokens, speak_rest=False, **VARIANTS.get(variant, {}))
+
+
+def split_method(method: str) -> tuple[str, str]:
+    """``(mode, variant)`` of a live method name ``MODE[/VARIANT]`` (``ValueError``: unknown)."""
+    mode, _, variant = method.partition("/")
+    if mode not in (*METHODS, "cascade") or (variant and variant not in VARIANTS):
+        known = ", ".join([*METHODS, *(f"{m}/{v}" for m in METHODS for v in VARIANTS)])
+        raise ValueError(f"unknown method {method!r}; known: {known}")
+    return mode, variant
 
 
 # ---- the sweep -------------------------------------------------------------------------------
@@ -428,13 +447,14 @@ def score_turn(
 
 def run_conversation(models, conv, policy: str, method: str, opts: TurnsBenchOptions) -> list[dict[str, Any]]:
     detection, turn_cfg, pol = _policy_config(policy, opts.eagerness)
+    mode, variant = split_method(method)
     pipe = make_pipeline(
         "chat",
         models,
-        mode=method,
+        mode=mode,
         clock=VirtualClock(),
         turn=turn_cfg,
-        predgen=voice_config(opts.max_tokens),
+        predgen=voice_config(opts.max_tokens, variant),
         turn_detection=detection,
         policy=pol,
     )
@@ -609,7 +629,8 @@ def summarize(records: Sequence[dict[str, Any]], configs: Sequence[tuple[str, st
 def live_configs(opts: TurnsBenchOptions) -> list[tuple[str, str]]:
     configs = [("silence:0.5", "cascade")]
     for m in opts.methods:
-        pols = opts.policies if m == "predgen" else [p for p in opts.policies if p in opts.other_policies]
+        predgen = split_method(m)[0] == "predgen"
+        pols = opts.policies if predgen else [p for p in opts.policies if p in opts.other_policies]
         configs += [(p, m) for p in pols]
     return configs
 
@@ -619,6 +640,7 @@ def run_turns_bench(opts: TurnsBenchOptions, log: Callable[[str], None] = print)
 
     load_avg_start = report.load_avg()
     prov = report.provenance(opts.command)
+    configs = live_configs(opts)  # an unknown method fails before any model loads
     models = load_live_models(LiveModelsConfig(model=opts.model, backend=opts.backend))
     models.warm_up()
     models.turn_model()
@@ -672,7 +694,6 @@ def run_turns_bench(opts: TurnsBenchOptions, log: Callable[[str], None] = print)
         for t in turns(manifest, split):
             convs.setdefault(t["conversation"], []).append(t)
         conv_list = list(convs.values())[: opts.limit or None]
-        configs = live_configs(opts)
         records: list[dict[str, Any]] = []
         bar = tqdm(total=len(conv_list) * len(configs), desc="live", unit="conv")
         for n, conv in enumerate(conv_list):
