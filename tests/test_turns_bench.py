@@ -110,6 +110,7 @@ def test_summary_tables_and_plot(tmp_path):
         for policy, method, lat, comp in (
             ("silence:0.5", "cascade", 1.0, 2.0),
             ("fused", "predgen", 0.4, 2.5),
+            ("fused", "predgen/sentence", 0.8, 2.5),
         ):
             recs.append(
                 {
@@ -132,8 +133,11 @@ def test_summary_tables_and_plot(tmp_path):
                     "tts_s": 0.1,
                 }
             )
-    summary = tb.summarize(recs, [("silence:0.5", "cascade"), ("fused", "predgen")])
+    configs = [("silence:0.5", "cascade"), ("fused", "predgen"), ("fused", "predgen/sentence")]
+    summary = tb.summarize(recs, configs)
     fused = summary[1]
+    # a variant is paired with its method under the same policy, turn by turn
+    assert "vs_method" not in fused and 1.8 < summary[2]["vs_method"]["median"] < 2.0
     assert abs(fused["latency_p50"] - 0.425) < 1e-9 and fused["identical"] == 6
     assert abs(fused["extra_compute_s"] - 0.5) < 1e-9
     assert 0.3 < fused["vs_cascade"]["median"] < 0.5

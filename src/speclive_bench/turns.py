@@ -566,6 +566,22 @@ def waterfall(complete: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
+def _latency_ratio(complete: Sequence[dict[str, Any]], other: dict[str, dict[str, Any]]) -> dict | None:
+    """The paired ratio of these turns' first-audio latency over ``other``'s on the same turns
+    (``stats.paired_ratio``); None without a pair."""
+    pairs = [
+        (other[r["turn"]]["latency_s"], r["latency_s"])
+        for r in complete
+        if r["turn"] in other and other[r["turn"]].get("latency_s") and r["latency_s"] > 0
+    ]
+    return paired_ratio([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
+
+
+def _put(row: dict[str, Any], key: str, value: Any) -> None:
+    if value is not None:
+        row[key] = value
+
+
 def summarize(records: Sequence[dict[str, Any]], configs: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     base = {r["turn"]: r for r in records if (r["policy"], r["method"]) == ("silence:0.5", "cascade")}
     pc = {r["turn"]: r for r in records if r["method"] == "pipecat"}
@@ -607,20 +623,14 @@ def summarize(records: Sequence[dict[str, Any]], configs: Sequence[tuple[str, st
         ]
         if pairs and (policy, method) != ("silence:0.5", "cascade"):
             row["extra_compute_s"] = statistics.median(b - a for a, b in pairs)
-        lat_pairs = [
-            (base[r["turn"]]["latency_s"], r["latency_s"])
-            for r in complete
-            if r["turn"] in base and base[r["turn"]].get("latency_s") and r["latency_s"] > 0
-        ]
-        if lat_pairs and (policy, method) != ("silence:0.5", "cascade"):
-            row["vs_cascade"] = paired_ratio([a for a, _ in lat_pairs], [b for _, b in lat_pairs])
-        pc_pairs = [
-            (pc[r["turn"]]["latency_s"], r["latency_s"])
-            for r in complete
-            if r["turn"] in pc and pc[r["turn"]].get("latency_s") and r["latency_s"] > 0
-        ]
-        if pc_pairs and method != "pipecat":
-            row["vs_pipecat"] = paired_ratio([a for a, _ in pc_pairs], [b for _, b in pc_pairs])
+        if (policy, method) != ("silence:0.5", "cascade"):
+            _put(row, "vs_cascade", _latency_ratio(complete, base))
+        if method != "pipecat":
+            _put(row, "vs_pipecat", _latency_ratio(complete, pc))
+        mode, variant = method.partition("/")[::2]
+        if variant:  # the same method without the variant, same policy, same turns
+            plain = {r["turn"]: r for r in records if (r["policy"], r["method"]) == (policy, mode)}
+            _put(row, "vs_method", _latency_ratio(complete, plain))
         out.append(row)
     return out
 
@@ -821,6 +831,7 @@ LIVE_COLUMNS = [
     ("extra_compute_s", "extra s", 2),
     ("cascade", "vs cascade p50", 0),
     ("pipecat", "vs Pipecat p50", 0),
+    ("method_ratio", "vs its method p50", 0),
 ]
 
 
@@ -888,6 +899,7 @@ def markdown(result: dict[str, Any]) -> str:
                 "ident": f"{r['identical']}/{r['judged']}",
                 "cascade": ratio_text(r.get("vs_cascade")),
                 "pipecat": ratio_text(r.get("vs_pipecat")),
+                "method_ratio": ratio_text(r.get("vs_method")),
             }
             for r in result["summary"]
         ]
@@ -899,7 +911,8 @@ def markdown(result: dict[str, Any]) -> str:
             "pauses in which answer audio started; talk-over: answer audio over the speaker's "
             "speech; identical: answers equal to the cascade's greedy answer to the same transcript "
             "and history (llama.cpp near-ties counted apart); compute: ASR + LM + TTS + turn-model "
-            "seconds per turn; extra: the median paired difference to the cascade (silence 0.5 s).",
+            "seconds per turn; extra: the median paired difference to the cascade (silence 0.5 s); "
+            "vs its method: a METHOD/VARIANT row paired per turn with METHOD under the same policy.",
             "",
             report.md_table(LIVE_COLUMNS, rows),
             "",
