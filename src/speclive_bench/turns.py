@@ -851,6 +851,49 @@ def _pair(a: Any, b: Any) -> str:
     return f"{_f(a)} / {_f(b)}"
 
 
+def _live_lines(result: dict[str, Any]) -> list[str]:
+    """Stage 2's part of the report: the summary, where the time goes, the near-tie flips."""
+    rows = [
+        {
+            **r,
+            "all": _pair(r["latency_all_p50"], r["latency_all_p90"]),
+            "cuts": f"{r['cut_pauses']} ({_f(r['false_cutoffs'])})",
+            "ident": f"{r['identical']}/{r['judged']}",
+            "cascade": ratio_text(r.get("vs_cascade")),
+            "pipecat": ratio_text(r.get("vs_pipecat")),
+            "method_ratio": ratio_text(r.get("vs_method")),
+        }
+        for r in result["summary"]
+    ]
+    lines = [
+        "",
+        "## Stage 2: live, first answer audio after the true end of speech",
+        "",
+        "Latency on turns without a mid-turn pause (p50 / p90, s); cut-offs: long mid-turn "
+        "pauses in which answer audio started; talk-over: answer audio over the speaker's "
+        "speech; identical: answers equal to the cascade's greedy answer to the same transcript "
+        "and history (llama.cpp near-ties counted apart); compute: ASR + LM + TTS + turn-model "
+        "seconds per turn; extra: the median paired difference to the cascade (silence 0.5 s); "
+        "vs its method: a METHOD/VARIANT row paired per turn with METHOD under the same policy.",
+        "",
+        report.md_table(LIVE_COLUMNS, rows),
+        "",
+        "Where the time goes on turns without a mid-turn pause (medians, s): the VAD's end of "
+        "speech after the true end, the turn decision after the VAD's end, the first audio after "
+        "the decision; ASR / LM / TTS seconds per turn.",
+        "",
+        report.md_table(WATERFALL_COLUMNS, [{**r, **(r.get("waterfall") or {})} for r in result["summary"]]),
+    ]
+    near = [r for r in result["records"] if r.get("identity") == "near-tie"]
+    if near:
+        lines += ["", "Near-tie flips (first differing token, plain AR's top-2 logit gap there):", ""]
+        for r in near[:20]:
+            d = r.get("divergence", {})
+            where = f"{r['policy']}/{r['method']} {r['turn']}"
+            lines.append(f"- {where}: token {d.get('position')}, gap {_f(d.get('gap_top2'), 3)}")
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = report.markdown_preamble("Turn-taking on the spoken turn set", result["header"])
     if "calibration" in result:
@@ -891,46 +934,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"variants) {_median_ms(sig, 'text_ms')} ms; {len(sig)} pauses.",
         ]
     if "summary" in result:
-        rows = [
-            {
-                **r,
-                "all": _pair(r["latency_all_p50"], r["latency_all_p90"]),
-                "cuts": f"{r['cut_pauses']} ({_f(r['false_cutoffs'])})",
-                "ident": f"{r['identical']}/{r['judged']}",
-                "cascade": ratio_text(r.get("vs_cascade")),
-                "pipecat": ratio_text(r.get("vs_pipecat")),
-                "method_ratio": ratio_text(r.get("vs_method")),
-            }
-            for r in result["summary"]
-        ]
-        lines += [
-            "",
-            "## Stage 2: live, first answer audio after the true end of speech",
-            "",
-            "Latency on turns without a mid-turn pause (p50 / p90, s); cut-offs: long mid-turn "
-            "pauses in which answer audio started; talk-over: answer audio over the speaker's "
-            "speech; identical: answers equal to the cascade's greedy answer to the same transcript "
-            "and history (llama.cpp near-ties counted apart); compute: ASR + LM + TTS + turn-model "
-            "seconds per turn; extra: the median paired difference to the cascade (silence 0.5 s); "
-            "vs its method: a METHOD/VARIANT row paired per turn with METHOD under the same policy.",
-            "",
-            report.md_table(LIVE_COLUMNS, rows),
-            "",
-            "Where the time goes on turns without a mid-turn pause (medians, s): the VAD's end of "
-            "speech after the true end, the turn decision after the VAD's end, the first audio after "
-            "the decision; ASR / LM / TTS seconds per turn.",
-            "",
-            report.md_table(
-                WATERFALL_COLUMNS, [{**r, **(r.get("waterfall") or {})} for r in result["summary"]]
-            ),
-        ]
-        near = [r for r in result["records"] if r.get("identity") == "near-tie"]
-        if near:
-            lines += ["", "Near-tie flips (first differing token, plain AR's top-2 logit gap there):", ""]
-            for r in near[:20]:
-                d = r.get("divergence", {})
-                where = f"{r['policy']}/{r['method']} {r['turn']}"
-                lines.append(f"- {where}: token {d.get('position')}, gap {_f(d.get('gap_top2'), 3)}")
+        lines += _live_lines(result)
     return "\n".join(lines) + "\n"
 
 
