@@ -627,8 +627,8 @@ def summarize(records: Sequence[dict[str, Any]], configs: Sequence[tuple[str, st
             _put(row, "vs_cascade", _latency_ratio(complete, base))
         if method != "pipecat":
             _put(row, "vs_pipecat", _latency_ratio(complete, pc))
-        mode, variant = method.partition("/")[::2]
-        if variant:  # the same method without the variant, same policy, same turns
+        if "/" in method:  # a variant: paired with its method, same policy, same turns
+            mode = split_method(method)[0]
             plain = {r["turn"]: r for r in records if (r["policy"], r["method"]) == (policy, mode)}
             _put(row, "vs_method", _latency_ratio(complete, plain))
         out.append(row)
