@@ -151,3 +151,33 @@ def test_after_reserve_no_text_grows_the_voices_memory():
     n = piper_mod.MAX_RUN_CHARS
     tts.synthesize(("In 1984 there were 123456789 people and 987654321 dollars, " * 8)[:n])
     assert heap_bytes()["mapped"] <= reserved + 16 * 2**20
+
+
+def test_piper_selects_its_espeak_voice_once(monkeypatch):
+    """espeak-ng allocates a voice on every selection and never frees the previous one, and
+    Piper selects its voice before each text it phonemizes: a voice already selected is not
+    selected again, and each text's phonemes are those it gets right after a selection."""
+    pytest.importorskip("piper")
+    from piper import espeakbridge
+
+    from speclive.tts.piper import PiperTTS
+
+    selected: list[str] = []
+    before = espeakbridge.set_voice
+
+    def counting(voice: str) -> None:
+        selected.append(voice)
+        before(voice)
+
+    monkeypatch.setattr(espeakbridge, "set_voice", counting)
+    tts = PiperTTS("piper-joe-medium", threads=1)
+    texts = ["Hello there, how are you?", "The café in Zürich serves crème brûlée.", "3.5 km at 10:30 p.m."]
+    got = [tts.voice.phonemize(t) for t in texts * 3]
+    voice = tts.voice.config.espeak_voice
+    assert selected == [voice]
+    select = espeakbridge.set_voice
+    while hasattr(select, "selects"):  # espeak-ng's own selection, under every wrapper
+        select = select.selects
+    for text, phonemes in zip(texts * 3, got, strict=True):
+        select(voice)
+        assert tts.voice.phonemize(text) == phonemes

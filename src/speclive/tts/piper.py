@@ -56,6 +56,7 @@ class PiperTTS:
         # ``reserve()`` sizes it once (without the arena synthesis is about a quarter slower,
         # docs/server.md)
         config = json.loads(Path(f"{path}.json").read_text(encoding="utf-8"))
+        _select_espeak_voice_once()
         self.voice = PiperVoice(config=PiperConfig.from_dict(config), session=_session(path, threads))
         self.sample_rate = int(self.voice.config.sample_rate)
         self.name = f"piper:{path.stem}"
@@ -114,6 +115,31 @@ class PiperTTS:
             cut = max(i for i, p in enumerate(phonemes[: size + 1]) if p == " ")
             self._run(phonemes[:cut], syn)
         return time.perf_counter() - t0
+
+
+def _select_espeak_voice_once() -> None:
+    """Make Piper select its espeak-ng voice only when it changes.
+
+    Piper selects the voice (``espeakbridge.set_voice``) before every text it phonemizes, and
+    espeak-ng allocates the voice anew each time without freeing the one before: about 1.3 kB a
+    call, so a server that speaks all day grows by megabytes (docs/server.md, the soak's memory).
+    Selecting the voice it already has changes nothing in the phonemes. Piper calls it while it
+    holds its phonemizer lock, so ``last`` needs no lock of its own."""
+    from piper import espeakbridge
+
+    if getattr(espeakbridge.set_voice, "selects_once", False):
+        return
+    select = espeakbridge.set_voice
+    last: list[str] = []
+
+    def set_voice(voice: str) -> None:
+        if last != [voice]:
+            select(voice)
+            last[:] = [voice]
+
+    set_voice.selects_once = True  # type: ignore[attr-defined]
+    set_voice.selects = select  # type: ignore[attr-defined]
+    espeakbridge.set_voice = set_voice
 
 
 def _session(path: Path, threads: int | None) -> Any:
