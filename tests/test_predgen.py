@@ -342,6 +342,38 @@ def test_a_long_conversation_drops_its_oldest_turns_to_fit_the_context(llama_smo
     assert len(chat_prompt(llama_smol.tokenizer, "And what came after?", history)) > llama_smol.n_ctx
     short = PredictiveResponder(llama_smol, max_tokens=64, history=history[-2:])
     assert short.prompt_ids("Hi") == chat_prompt(llama_smol.tokenizer, "Hi", history[-2:])
+    # the fewest oldest turns are left out: the same prompt as dropping them one by one
+    for n in (3, 11, 30):
+        hist = history[-2 * n :]
+        expected = chat_prompt(llama_smol.tokenizer, "Why?", hist)
+        while len(expected) + 64 > llama_smol.n_ctx and hist:
+            hist = hist[2:]
+            expected = chat_prompt(llama_smol.tokenizer, "Why?", hist)
+        assert (
+            PredictiveResponder(llama_smol, max_tokens=64, history=history[-2 * n :]).prompt_ids("Why?")
+            == expected
+        )
+
+
+def test_a_long_history_is_fitted_with_few_tokenizations(monkeypatch):
+    """Which turns fit is found by bisection: a conversation of 400 turns tokenizes its prompt
+    about log2(400) times per pass, not once for each turn it leaves out."""
+    from speclive.sessions import predictive
+
+    calls = []
+    monkeypatch.setattr(
+        predictive,
+        "chat_prompt",
+        lambda tok, partial, hist, system: calls.append(1) or [0] * (10 + 5 * len(hist)),
+    )
+    history = [{"role": r, "content": "x"} for _ in range(400) for r in ("user", "assistant")]
+    r = PredictiveResponder.__new__(PredictiveResponder)
+    r.history, r.tok = history, None
+    r.cfg = predictive.PredGenConfig(max_tokens=100)
+    r.backend = type("B", (), {"n_ctx": 1110})()
+    ids = r.prompt_ids("q")
+    assert len(ids) == 10 + 5 * 200  # 100 turns kept: 200 messages of 5 tokens fill the budget
+    assert len(calls) <= 2 + 10
 
 
 def test_a_restarted_responder_keeps_its_cache_and_answers_as_a_fresh_one(hf_smol, monkeypatch):

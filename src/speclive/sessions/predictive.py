@@ -328,13 +328,27 @@ class PredictiveResponder:
         baselines), so greedy PredGen and the cascade answer the very same prompt. The oldest
         turns of the history are left out until the prompt and an answer of ``max_tokens`` fit
         in the model's context (a long conversation goes on instead of overflowing)."""
-        history = self.history
+        history, system = self.history, self.cfg.system
         budget = self.backend.n_ctx - self.cfg.max_tokens
-        ids = chat_prompt(self.tok, partial, history, self.cfg.system)
-        while len(ids) > budget and history:
-            history = history[2:]  # one user turn and its answer
-            ids = chat_prompt(self.tok, partial, history, self.cfg.system)
-        return ids
+        ids = chat_prompt(self.tok, partial, history, system)
+        if len(ids) <= budget or not history:
+            return ids
+        # the fewest turns (a user turn and its answer) to leave out, found by bisection: the
+        # prompt only gets shorter as more are left out, and a conversation of hundreds of
+        # turns would otherwise tokenize its history once per turn it drops, at every pass
+        fits = (len(history) + 1) // 2  # every turn left out
+        best = chat_prompt(self.tok, partial, history[2 * fits :], system)
+        if len(best) > budget:
+            return best
+        fails = 0
+        while fits - fails > 1:
+            mid = (fits + fails) // 2
+            ids = chat_prompt(self.tok, partial, history[2 * mid :], system)
+            if len(ids) <= budget:
+                fits, best = mid, ids
+            else:
+                fails = mid
+        return best
 
     def _answer_ids(self, word: str) -> list[int]:
         ids = {self.tok.encode(w)[0] for w in (word, word.capitalize(), " " + word) if self.tok.encode(w)}
