@@ -54,7 +54,7 @@ def _one(case: str, n: int) -> dict[str, int]:
 
 
 def main() -> int:
-    from speclive_bench.report import provenance, provenance_line, refuse_dirty_results
+    from speclive_bench.report import provenance, provenance_line, refuse_dirty_results, write_result_files
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/espeak-voice-memory.md"))
@@ -78,9 +78,7 @@ def main() -> int:
         grew = r["after"] - r["before"]
         result["cases"][case] = {**r, "growth_bytes": grew, "bytes_per_call": grew / args.n}
         lines.append(f"| {what} | {grew / 2**20:+.2f} MiB | {grew / args.n:+.0f} B |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    write_result_files(result, args.out.parent, args.out.stem, lambda _: "\n".join(lines), None)
     print("\n".join(lines))
     return 0
 
