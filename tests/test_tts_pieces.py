@@ -175,8 +175,8 @@ def test_piper_selects_its_espeak_voice_once(monkeypatch):
     got = [tts.voice.phonemize(t) for t in texts * 3]
     voice = tts.voice.config.espeak_voice
     assert selected == [voice]
-    select = espeakbridge.set_voice
-    while hasattr(select, "selects"):  # espeak-ng's own selection, under every wrapper
+    select = before
+    while hasattr(select, "selects"):  # espeak-ng's own selection, under an earlier voice's wrapper
         select = select.selects
     for text, phonemes in zip(texts * 3, got, strict=True):
         select(voice)

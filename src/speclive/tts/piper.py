@@ -127,7 +127,7 @@ def _select_espeak_voice_once() -> None:
     holds its phonemizer lock, so ``last`` needs no lock of its own."""
     from piper import espeakbridge
 
-    if getattr(espeakbridge.set_voice, "selects_once", False):
+    if hasattr(espeakbridge.set_voice, "selects"):  # installed already
         return
     select = espeakbridge.set_voice
     last: list[str] = []
@@ -137,7 +137,6 @@ def _select_espeak_voice_once() -> None:
             select(voice)
             last[:] = [voice]
 
-    set_voice.selects_once = True  # type: ignore[attr-defined]
     set_voice.selects = select  # type: ignore[attr-defined]
     espeakbridge.set_voice = set_voice
 
