@@ -107,3 +107,32 @@ def test_memory_trends_tell_live_blocks_from_what_malloc_holds():
     assert out["rss_mib_after_warmup"] == 1060 and out["rss_mib_end"] == 1300
     bare = [{k: v for k, v in s.items() if not k.startswith("heap")} for s in samples]
     assert _memory(bare, bare[1:], minutes=10)["heap_held_slope_mib_per_min"] == 0.0  # off glibc
+
+
+def test_memory_by_kind_reports_each_kind_and_the_thread_count():
+    """A step in one kind of mapping shows in that kind's row alone."""
+    from speclive_bench.soak import _memory, soak_markdown
+
+    mib = 2**20
+    samples = [
+        {
+            "t": 60.0 * m,
+            "rss_bytes": 1000 * mib,
+            "rss_files_bytes": 400 * mib,
+            "rss_stacks_bytes": (2 + (8 if m >= 5 else 0)) * mib,  # a thread pool at minute 5
+            "threads": 10.0 + (4 if m >= 5 else 0),
+        }
+        for m in range(11)
+    ]
+    rows = {r["kind"]: r for r in _memory(samples, samples[1:], minutes=10)["resident_by_kind"]}
+    assert set(rows) == {"files", "stacks", "threads"}  # only the kinds that were read
+    assert abs(rows["files"]["slope_per_min"]) < 1e-9 and rows["files"]["end"] == 400
+    assert rows["stacks"]["after_warmup"] == 2 and rows["stacks"]["end"] == 10
+    assert rows["stacks"]["slope_per_min"] > 0.5 and rows["threads"]["end"] == 14
+    args = SimpleNamespace(
+        sessions=1, chat_clients=0, minutes=10.0, warmup_minutes=1.0, model="m",
+        asr_model="a", asr_draft="d", max_wait=0.0,
+    )  # fmt: skip
+    voices = [SimpleNamespace(turns=[], errors=[], refused=0)]
+    md = soak_markdown(summarize_soak(args, "cmd", QUESTIONS[:1], voices, [], samples, 200))
+    assert "| stacks | 2.0 | 10.0 |" in md

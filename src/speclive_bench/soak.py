@@ -41,7 +41,7 @@ from speclive.server.audio import resample
 from speclive.server.config import SERVE_OPTIONS
 from speclive.server.inproc import free_port
 from speclive.tts.piper import PiperTTS
-from speclive_bench import report
+from speclive_bench import mappings, report
 from speclive_bench.fuzz_realtime import scrape
 from speclive_bench.serve import start_server, stop_server
 from speclive_bench.stats import percentile
@@ -328,7 +328,7 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             th.start()
             time.sleep(0.2)  # a staggered start, as callers arrive
         while any(th.is_alive() for th in [*voices, *chats]):
-            samples.append({"t": time.perf_counter() - t0, **scrape(http), **scrape(http, ADMISSION_GAUGES)})
+            samples.append({"t": time.perf_counter() - t0, **_reading(http, srv.proc.pid)})
             last = time.perf_counter() - t0
             print(
                 f"  {last / 60:.1f} min: {sum(len(v.turns) for v in voices)} turns, "
@@ -339,13 +339,19 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             time.sleep(opts.sample_s)
         for th in [*voices, *chats]:
             th.join(400)
-        samples.append({"t": time.perf_counter() - t0, **scrape(http), **scrape(http, ADMISSION_GAUGES)})
+        samples.append({"t": time.perf_counter() - t0, **_reading(http, srv.proc.pid)})
         health = http.get("/health").status_code
     finally:
         stop_server(srv)
     return summarize_soak(
         opts, opts.command, questions, voices, chats, samples, health, load_avg_start=load_avg_start
     )
+
+
+def _reading(http: httpx.Client, pid: int) -> dict[str, float]:
+    """The server's figures now: its ``/metrics``, admission's gauges, and its resident memory
+    by kind of mapping with its thread count (read from ``/proc``; ``mappings``)."""
+    return {**scrape(http), **scrape(http, ADMISSION_GAUGES), **mappings.sample(pid)}
 
 
 def _slope_per_min(samples: list[dict[str, float]], key: str) -> float:
@@ -437,7 +443,28 @@ def _memory(
         "rss_slope_last_half_mib_per_min": _slope_per_min(second_half, "rss_bytes") / 2**20,
         "heap_in_use_slope_mib_per_min": _slope_per_min(after_warm, "heap_in_use_bytes") / 2**20,
         "heap_held_slope_mib_per_min": _slope_per_min(held, "held") / 2**20,
+        "resident_by_kind": _resident_by_kind(after_warm),
     }
+
+
+def _resident_by_kind(after_warm: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """Per kind of mapping (``mappings.KINDS``) and for the thread count: the reading after the
+    warm-up, at the end, and the trend per minute (MiB for memory); empty without readings."""
+    rows = []
+    for kind in [*mappings.KINDS, "threads"]:
+        key, scale = (kind, 1.0) if kind == "threads" else (f"rss_{kind}_bytes", 2.0**20)
+        have = [x for x in after_warm if key in x]
+        if len(have) < 2:
+            continue
+        rows.append(
+            {
+                "kind": kind,
+                "after_warmup": have[0][key] / scale,
+                "end": have[-1][key] / scale,
+                "slope_per_min": _slope_per_min(have, key) / scale,
+            }
+        )
+    return rows
 
 
 def summarize_soak(
@@ -540,6 +567,24 @@ def soak_markdown(result: dict[str, Any]) -> str:
         f"| KV evictions for want of cells / restores | {s.get('kv_cell_evictions', '–')} / "
         f"{s.get('kv_restores', '–')} |",
         "",
+    ]
+    if s.get("resident_by_kind"):
+        lines += [
+            "",
+            "Resident memory by kind of mapping (MiB; threads: a count), read from `/proc/PID/smaps`:",
+            "",
+            report.md_table(
+                [
+                    ("kind", "kind", 0),
+                    ("after_warmup", "after warm-up", 1),
+                    ("end", "end", 1),
+                    ("slope_per_min", "trend per minute", 2),
+                ],
+                s["resident_by_kind"],
+            ),
+        ]
+    lines += [
+        "",
         "Latency over time:",
         "",
         report.md_table(
@@ -559,8 +604,12 @@ def soak_markdown(result: dict[str, Any]) -> str:
 
 def plot_soak(path: Path, result: dict[str, Any]) -> Path:
     plt = report._pyplot()
-    fig, (a, b) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     smp = result["samples"]
+    by_kind = [k for k in mappings.KINDS if any(f"rss_{k}_bytes" in x for x in smp)]
+    fig, axes = plt.subplots(3 if by_kind else 2, 1, figsize=(8, 9 if by_kind else 6), sharex=True)
+    a, b = axes[0], axes[-1]
+    if by_kind:
+        _plot_resident_by_kind(axes[1], smp, by_kind)
     a.plot([x["t"] / 60 for x in smp], [x.get("rss_bytes", 0) / 2**20 for x in smp], label="RSS (MiB)")
     heap = [x for x in smp if "heap_in_use_bytes" in x]
     if heap:
@@ -588,6 +637,15 @@ def plot_soak(path: Path, result: dict[str, Any]) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _plot_resident_by_kind(ax: Any, smp: list[dict[str, float]], kinds: list[str]) -> None:
+    """Each kind's resident memory (``mappings``) as its change since the first reading."""
+    for kind in kinds:
+        pts = [(x["t"] / 60, x[f"rss_{kind}_bytes"] / 2**20) for x in smp if f"rss_{kind}_bytes" in x]
+        ax.plot([t for t, _ in pts], [v - pts[0][1] for _, v in pts], label=kind.replace("_", " "))
+    ax.set_ylabel("resident change (MiB)")
+    ax.legend(loc="upper left", fontsize="small", ncol=3)
 
 
 def cmd_soak(args: argparse.Namespace) -> int:

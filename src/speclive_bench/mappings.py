@@ -1,0 +1,115 @@
+"""Where a process's resident memory is, by kind of mapping (Linux ``/proc/PID/smaps``).
+
+malloc's own figures (``/metrics``) say what its arenas and large blocks hold; a resident size
+that grows while they stay flat is memory mapped by someone else. This module reads the
+process's mappings from outside and sums their resident bytes into kinds that tell those
+owners apart:
+
+- ``files``: mappings of files (model weights, shared libraries);
+- ``brk_heap``: the main arena's heap (``[heap]``, grown with ``brk``);
+- ``malloc_heaps``: the heaps of glibc's other arenas. glibc maps each at an address aligned
+  to its largest size (64 MiB on 64-bit hosts), readable and writable up to what the arena
+  uses, with the rest of the reservation inaccessible after it;
+- ``stacks``: threads' stacks. glibc puts an inaccessible guard page right below each one (the
+  main thread's is ``[stack]``);
+- ``anon_other``: every other anonymous mapping: malloc's large blocks, Python's object
+  arenas, memory a library maps itself.
+
+``threads`` is the process's thread count (``/proc/PID/status``), since a new thread pool shows
+as new stacks. The kinds are read from the mappings' layout, so a mapping of one kind can pass
+for another (an anonymous block that happens to start at a 64 MiB boundary is counted as a
+heap); they are a diagnosis, not an account.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+#: glibc's largest arena heap on 64-bit hosts (``HEAP_MAX_SIZE``, twice the largest mmap
+#: threshold); its arenas' heaps start at multiples of it
+MALLOC_HEAP_ALIGN = 64 * 2**20
+#: the kinds, in the order they are reported
+KINDS = ("files", "brk_heap", "malloc_heaps", "stacks", "anon_other")
+
+
+@dataclass
+class Mapping:
+    start: int
+    end: int
+    perms: str
+    path: str
+    rss: int = 0  # bytes
+
+
+def parse_smaps(lines: Iterable[str]) -> list[Mapping]:
+    """The mappings of a ``smaps`` text, each with its resident bytes."""
+    maps: list[Mapping] = []
+    for line in lines:
+        head = line.split(maxsplit=5)
+        if not head:
+            continue
+        if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            lo, hi = head[0].split("-")
+            path = head[5].strip() if len(head) > 5 else ""
+            maps.append(Mapping(int(lo, 16), int(hi, 16), head[1], path))
+        elif head[0] == "Rss:" and maps:
+            maps[-1].rss = int(head[1]) * 1024
+    return maps
+
+
+def kind_of(m: Mapping, before: Mapping | None, after: Mapping | None) -> str:
+    """The kind (``KINDS``) of mapping ``m``, from its neighbours ``before`` and ``after``."""
+    if m.path.startswith("/"):
+        return "files"
+    if m.path == "[heap]":
+        return "brk_heap"
+    if m.path == "[stack]":
+        return "stacks"
+    if m.path and not m.path.startswith("[anon"):
+        return "anon_other"  # [vdso], [vvar], [vsyscall]: the kernel's, a few pages
+    writable = m.perms.startswith("rw")
+    if writable and m.start % MALLOC_HEAP_ALIGN == 0:
+        rest_sealed = after is not None and after.start == m.end and after.perms.startswith("---")
+        if rest_sealed or m.end - m.start == MALLOC_HEAP_ALIGN:
+            return "malloc_heaps"
+    if writable and before is not None and before.end == m.start and before.perms.startswith("---"):
+        return "stacks"
+    return "anon_other"
+
+
+def resident_by_kind(maps: list[Mapping]) -> dict[str, int]:
+    """Resident bytes per kind, every kind present (0 where none)."""
+    out = dict.fromkeys(KINDS, 0)
+    for i, m in enumerate(maps):
+        before = maps[i - 1] if i > 0 else None
+        after = maps[i + 1] if i + 1 < len(maps) else None
+        out[kind_of(m, before, after)] += m.rss
+    return out
+
+
+def threads(pid: int | str = "self") -> int | None:
+    """The thread count of process ``pid`` (None where ``/proc`` cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def sample(pid: int | str = "self") -> dict[str, float]:
+    """One reading of process ``pid``: ``rss_<kind>_bytes`` per kind and ``threads``; empty
+    where ``/proc/PID/smaps`` cannot be read (not Linux, the process gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            maps = parse_smaps(f)
+    except OSError:
+        return {}
+    out: dict[str, float] = {f"rss_{k}_bytes": float(v) for k, v in resident_by_kind(maps).items()}
+    n = threads(pid)
+    if n is not None:
+        out["threads"] = float(n)
+    return out
