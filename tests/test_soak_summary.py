@@ -119,6 +119,7 @@ def test_memory_by_kind_reports_each_kind_and_the_thread_count():
             "t": 60.0 * m,
             "rss_bytes": 1000 * mib,
             "rss_files_bytes": 400 * mib,
+            "size_files_bytes": 900 * mib,
             "rss_stacks_bytes": (2 + (8 if m >= 5 else 0)) * mib,  # a thread pool at minute 5
             "threads": 10.0 + (4 if m >= 5 else 0),
         }
@@ -129,10 +130,11 @@ def test_memory_by_kind_reports_each_kind_and_the_thread_count():
     assert abs(rows["files"]["slope_per_min"]) < 1e-9 and rows["files"]["end"] == 400
     assert rows["stacks"]["after_warmup"] == 2 and rows["stacks"]["end"] == 10
     assert rows["stacks"]["slope_per_min"] > 0.5 and rows["threads"]["end"] == 14
+    assert rows["files"]["mapped_end"] == 900 and rows["stacks"]["mapped_end"] is None
     args = SimpleNamespace(
         sessions=1, chat_clients=0, minutes=10.0, warmup_minutes=1.0, model="m",
         asr_model="a", asr_draft="d", max_wait=0.0,
     )  # fmt: skip
     voices = [SimpleNamespace(turns=[], errors=[], refused=0)]
     md = soak_markdown(summarize_soak(args, "cmd", QUESTIONS[:1], voices, [], samples, 200))
-    assert "| stacks | 2.0 | 10.0 |" in md
+    assert "| stacks | 2.0 | 10.0 |" in md and "| files | 400.0 | 400.0 | 0.00 | 900.0 | 900.0 |" in md

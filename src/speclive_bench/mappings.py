@@ -15,6 +15,10 @@ owners apart:
 - ``anon_other``: every other anonymous mapping: malloc's large blocks, Python's object
   arenas, memory a library maps itself.
 
+Each kind also has its mapped size: resident memory that grows inside a size that does not is
+pages of fixed buffers touched for the first time (a larger batch reaching further into a
+compute buffer), bounded by that size, not memory allocated anew.
+
 ``threads`` is the process's thread count (``/proc/PID/status``), since a new thread pool shows
 as new stacks. The kinds are read from the mappings' layout, so a mapping of one kind can pass
 for another (an anonymous block that happens to start at a 64 MiB boundary is counted as a
@@ -40,6 +44,10 @@ class Mapping:
     perms: str
     path: str
     rss: int = 0  # bytes
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
 
 
 def parse_smaps(lines: Iterable[str]) -> list[Mapping]:
@@ -78,14 +86,16 @@ def kind_of(m: Mapping, before: Mapping | None, after: Mapping | None) -> str:
     return "anon_other"
 
 
-def resident_by_kind(maps: list[Mapping]) -> dict[str, int]:
-    """Resident bytes per kind, every kind present (0 where none)."""
-    out = dict.fromkeys(KINDS, 0)
+def by_kind(maps: list[Mapping]) -> dict[str, tuple[int, int]]:
+    """(resident bytes, mapped bytes) per kind, every kind present (0 where none)."""
+    rss, size = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0)
     for i, m in enumerate(maps):
         before = maps[i - 1] if i > 0 else None
         after = maps[i + 1] if i + 1 < len(maps) else None
-        out[kind_of(m, before, after)] += m.rss
-    return out
+        kind = kind_of(m, before, after)
+        rss[kind] += m.rss
+        size[kind] += m.size if m.perms[0] != "-" else 0  # reserved, inaccessible: not mapped memory
+    return {k: (rss[k], size[k]) for k in KINDS}
 
 
 def threads(pid: int | str = "self") -> int | None:
@@ -101,14 +111,17 @@ def threads(pid: int | str = "self") -> int | None:
 
 
 def sample(pid: int | str = "self") -> dict[str, float]:
-    """One reading of process ``pid``: ``rss_<kind>_bytes`` per kind and ``threads``; empty
-    where ``/proc/PID/smaps`` cannot be read (not Linux, the process gone)."""
+    """One reading of process ``pid``: ``rss_<kind>_bytes`` and ``size_<kind>_bytes`` per kind,
+    and ``threads``; empty where ``/proc/PID/smaps`` cannot be read (not Linux, the process
+    gone)."""
     try:
         with open(f"/proc/{pid}/smaps") as f:
             maps = parse_smaps(f)
     except OSError:
         return {}
-    out: dict[str, float] = {f"rss_{k}_bytes": float(v) for k, v in resident_by_kind(maps).items()}
+    out: dict[str, float] = {}
+    for kind, (rss, size) in by_kind(maps).items():
+        out[f"rss_{kind}_bytes"], out[f"size_{kind}_bytes"] = float(rss), float(size)
     n = threads(pid)
     if n is not None:
         out["threads"] = float(n)

@@ -449,19 +449,23 @@ def _memory(
 
 def _resident_by_kind(after_warm: list[dict[str, float]]) -> list[dict[str, Any]]:
     """Per kind of mapping (``mappings.KINDS``) and for the thread count: the reading after the
-    warm-up, at the end, and the trend per minute (MiB for memory); empty without readings."""
+    warm-up, at the end, and the trend per minute (MiB for memory), with the kind's mapped size
+    after the warm-up and at the end; empty without readings."""
     rows = []
     for kind in [*mappings.KINDS, "threads"]:
         key, scale = (kind, 1.0) if kind == "threads" else (f"rss_{kind}_bytes", 2.0**20)
         have = [x for x in after_warm if key in x]
         if len(have) < 2:
             continue
+        size = f"size_{kind}_bytes"
         rows.append(
             {
                 "kind": kind,
                 "after_warmup": have[0][key] / scale,
                 "end": have[-1][key] / scale,
                 "slope_per_min": _slope_per_min(have, key) / scale,
+                "mapped_after_warmup": have[0][size] / scale if size in have[0] else None,
+                "mapped_end": have[-1][size] / scale if size in have[-1] else None,
             }
         )
     return rows
@@ -566,19 +570,22 @@ def soak_markdown(result: dict[str, Any]) -> str:
         f"| /health at the end | {s['health_at_end']} |",
         f"| KV evictions for want of cells / restores | {s.get('kv_cell_evictions', '–')} / "
         f"{s.get('kv_restores', '–')} |",
-        "",
     ]
     if s.get("resident_by_kind"):
         lines += [
             "",
-            "Resident memory by kind of mapping (MiB; threads: a count), read from `/proc/PID/smaps`:",
+            "Resident memory by kind of mapping (MiB; threads: a count), read from `/proc/PID/smaps`."
+            " Resident memory that grows inside a mapped size that does not is pages of fixed"
+            " buffers touched for the first time:",
             "",
             report.md_table(
                 [
                     ("kind", "kind", 0),
-                    ("after_warmup", "after warm-up", 1),
-                    ("end", "end", 1),
-                    ("slope_per_min", "trend per minute", 2),
+                    ("after_warmup", "resident after warm-up", 1),
+                    ("end", "resident at the end", 1),
+                    ("slope_per_min", "resident trend per minute", 2),
+                    ("mapped_after_warmup", "mapped after warm-up", 1),
+                    ("mapped_end", "mapped at the end", 1),
                 ],
                 s["resident_by_kind"],
             ),
