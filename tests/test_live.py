@@ -366,8 +366,13 @@ def test_voice_sessions_use_the_voice_prompt_and_text_sessions_keep_predgens():
     from speclive.live.build import LiveModels, LiveModelsConfig
     from speclive.live.vad import TurnConfig
     from speclive.live.voicechat import VOICE_MAX_TOKENS, VOICE_SYSTEM_PROMPT, voice_predgen
-    from speclive.server.realtime_settings import SessionSettings, pipeline_for
-    from speclive.sessions.predictive import SYSTEM_PROMPT
+    from speclive.server.realtime_settings import (
+        LEAST_WINDOW,
+        SessionSettings,
+        conversation_window,
+        pipeline_for,
+    )
+    from speclive.sessions.predictive import SYSTEM_PROMPT, USER_ROOM
 
     # the voice prompt keeps PredGen's truncated-input instruction and asks for spoken style
     assert VOICE_SYSTEM_PROMPT.startswith(SYSTEM_PROMPT) and VOICE_SYSTEM_PROMPT != SYSTEM_PROMPT
@@ -383,6 +388,14 @@ def test_voice_sessions_use_the_voice_prompt_and_text_sessions_keep_predgens():
     pipe = pipeline_for(SessionSettings(mode="chat"), models, TurnConfig())
     assert isinstance(pipe, VoiceChat)
     assert pipe.pcfg.system == VOICE_SYSTEM_PROMPT and pipe.pcfg.max_tokens == VOICE_MAX_TOKENS
+    assert pipe.pcfg.context_tokens is None  # a backend without a limit on its states
+    # a server's llama.cpp backend: each conversation gets its share of the shared KV cells
+    shared = type("Llama", (), {"n_cells": 9216, "max_states": 6})()
+    models = LiveModels(LiveModelsConfig(), transcriber=object(), llm=shared)
+    pipe = pipeline_for(SessionSettings(mode="chat"), models, TurnConfig())
+    assert pipe.pcfg.context_tokens == 1536
+    many = type("Llama", (), {"n_cells": 2048, "max_states": 64})()  # never less than a few turns
+    assert conversation_window(many) == LEAST_WINDOW > VOICE_MAX_TOKENS + USER_ROOM
     # text sessions (speclive predgen, bench predgen: PredGenConfig's defaults) keep PredGen's
     assert PredGenConfig().system == SYSTEM_PROMPT and PredGenConfig().max_tokens == 256
 

@@ -13,8 +13,10 @@ import wave
 
 import pytest
 
+from speclive.backends.base import common_prefix_len
 from speclive.cli import main
 from speclive.errors import ConfigError, ContextOverflowError, SessionClosedError
+from speclive.sessions import predictive
 from speclive.sessions.predictive import PredictiveResponder, chat_prompt
 from speclive.sessions.simulate import simulate_user, word_arrivals
 from speclive.tts.sentences import first_sentence_end, split_sentences
@@ -340,19 +342,52 @@ def test_a_long_conversation_drops_its_oldest_turns_to_fit_the_context(llama_smo
     text = llama_smol.tokenizer.decode(ids)
     assert "29: Tell me" in text and "0: Tell me" not in text  # the newest turns stay
     assert len(chat_prompt(llama_smol.tokenizer, "And what came after?", history)) > llama_smol.n_ctx
+    # the cut leaves the history at most half the window, so the conversation can grow back
+    room = llama_smol.n_ctx - 64 - predictive.USER_ROOM
+    kept = history[2 * s.left_out :]
+    assert len(chat_prompt(llama_smol.tokenizer, "", kept, s.cfg.system)) <= room * predictive.SHIFT_TO
+    assert len(chat_prompt(llama_smol.tokenizer, "", history[2 * s.left_out - 2 :], s.cfg.system)) > (
+        room * predictive.SHIFT_TO
+    )  # and leaves out no more turns than that takes
     short = PredictiveResponder(llama_smol, max_tokens=64, history=history[-2:])
     assert short.prompt_ids("Hi") == chat_prompt(llama_smol.tokenizer, "Hi", history[-2:])
-    # the fewest oldest turns are left out: the same prompt as dropping them one by one
-    for n in (3, 11, 30):
-        hist = history[-2 * n :]
-        expected = chat_prompt(llama_smol.tokenizer, "Why?", hist)
-        while len(expected) + 64 > llama_smol.n_ctx and hist:
-            hist = hist[2:]
-            expected = chat_prompt(llama_smol.tokenizer, "Why?", hist)
-        assert (
-            PredictiveResponder(llama_smol, max_tokens=64, history=history[-2 * n :]).prompt_ids("Why?")
-            == expected
-        )
+    # a message too long for the room left makes that prompt leave out more turns, not the cut
+    long_q = "Why? " * 300
+    ids = s.prompt_ids(long_q)
+    assert len(ids) + 64 <= llama_smol.n_ctx and s.left_out == (len(history) - len(kept)) // 2
+    assert "Why? Why?" in llama_smol.tokenizer.decode(ids)
+
+
+def test_a_growing_conversation_keeps_its_prompts_start_between_rare_cuts(llama_smol):
+    """Turn after turn the prompt begins the same way (its cache is extended, not evaluated
+    again) until the history outgrows the window; then half of it goes at once."""
+    turn = "Tell me about the Roman emperors, their wars and their cities, please. " * 3
+    s = PredictiveResponder(llama_smol, max_tokens=64, context_tokens=1024)
+    history: list[dict[str, str]] = []
+    previous: list[int] = []
+    cuts = []
+    for i in range(40):
+        history += [{"role": "user", "content": f"{i}: {turn}"}, {"role": "assistant", "content": turn}]
+        left_out = s.left_out
+        s.restart(history)
+        ids = s.prompt_ids("And then?")
+        assert len(ids) + 64 <= 1024  # the session's window, not the model's whole context
+        shared = common_prefix_len(previous, ids)
+        if s.left_out != left_out:
+            cuts.append(i)
+            assert shared < len(previous) // 2  # the cut: the prompt's start changed
+        elif previous:
+            assert shared >= len(previous) - 16  # all but the last message: its cache is reused
+        previous = ids
+    per_turn = len(chat_prompt(llama_smol.tokenizer, "", history[-2:], s.cfg.system)) - len(
+        chat_prompt(llama_smol.tokenizer, "", [], s.cfg.system)
+    )
+    half = (1024 - 64 - predictive.USER_ROOM) * predictive.SHIFT_TO
+    assert len(cuts) >= 2, "40 turns outgrow a 1024-token window more than once"
+    # each cut frees about half the window, so the next one comes that many turns later
+    assert all(b - a >= half // per_turn - 1 for a, b in zip(cuts, cuts[1:], strict=False))
+    with pytest.raises(ConfigError, match="context_tokens"):
+        PredictiveResponder(llama_smol, max_tokens=64, context_tokens=150)
 
 
 def test_a_long_history_is_fitted_with_few_tokenizations(monkeypatch):
@@ -368,7 +403,7 @@ def test_a_long_history_is_fitted_with_few_tokenizations(monkeypatch):
     )
     history = [{"role": r, "content": "x"} for _ in range(400) for r in ("user", "assistant")]
     r = PredictiveResponder.__new__(PredictiveResponder)
-    r.history, r.tok = history, None
+    r.history, r.tok, r.left_out = history, None, 0
     r.cfg = predictive.PredGenConfig(max_tokens=100)
     r.backend = type("B", (), {"n_ctx": 1110})()
     ids = r.prompt_ids("q")

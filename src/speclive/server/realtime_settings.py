@@ -13,8 +13,9 @@ from speclive.live.clock import WallClock
 from speclive.live.pipeline import LivePipeline
 from speclive.live.turnpolicy import EAGERNESS, TurnPolicyConfig
 from speclive.live.vad import TurnConfig
-from speclive.live.voicechat import voice_predgen
+from speclive.live.voicechat import VOICE_MAX_TOKENS, voice_predgen
 from speclive.server.realtime_protocol import ProtocolError
+from speclive.sessions.predictive import USER_ROOM
 from speclive.sessions.retranslate import RetranslateConfig
 
 RATES = (16_000, 24_000)
@@ -219,6 +220,22 @@ def _turn_detection(new: SessionSettings, td: Any, param: str) -> None:
         new.end_s = ms / 1000
 
 
+def conversation_window(llm: Any) -> int | None:
+    """A voice conversation's share of the KV cells the server's sessions share: the cells over
+    the states the backend holds at once (llama.cpp; None where the backend has no such limit),
+    at least ``LEAST_WINDOW``. A conversation kept within it leaves out its oldest turns instead
+    of evicting another session's cache, whose restore would evaluate that whole conversation
+    again while every session waits."""
+    cells, states = getattr(llm, "n_cells", None), getattr(llm, "max_states", None)
+    if not cells or not states:
+        return None
+    return max(LEAST_WINDOW, int(cells) // int(states))
+
+
+#: the smallest window a voice conversation gets: a message, an answer and a few turns before
+LEAST_WINDOW = 2 * (VOICE_MAX_TOKENS + USER_ROOM)
+
+
 def pipeline_for(s: SessionSettings, models: LiveModels, turn: TurnConfig) -> LivePipeline:
     """The live pipeline the settings ask for; settings it cannot be built with are a
     ``ProtocolError``."""
@@ -234,7 +251,8 @@ def pipeline_for(s: SessionSettings, models: LiveModels, turn: TurnConfig) -> Li
                 mode=s.method,
                 clock=SessionClock(),
                 turn=turn,
-                predgen=voice_predgen(verifier=s.verifier),  # the voice prompt, VOICE_MAX_TOKENS
+                # the voice prompt, VOICE_MAX_TOKENS, and the conversation's share of the cache
+                predgen=voice_predgen(verifier=s.verifier, context_tokens=conversation_window(models.llm)),
                 speak=s.speak,
                 **semantic,
             )

@@ -100,6 +100,19 @@ class PredGenConfig:
     #: or clause ends sooner (``tts.sentences.first_sentence_end``'s ``max_words``): the user
     #: hears the answer begin after a few tokens rather than a whole sentence
     first_words: int = 0
+    #: the conversation's window: a prompt and its answer of ``max_tokens`` fit in this many
+    #: tokens (at most the model's context; None: all of it). A server whose sessions share one
+    #: KV cache gives each its share, so long conversations do not evict each other
+    context_tokens: int | None = None
+
+
+#: when a conversation outgrows its window, the oldest turns are left out until its history
+#: fills at most this share of the window; that cut then stays while the conversation grows
+#: back, so the prompt's prefix, and its KV cache, are reused turn after turn (llama-server's
+#: context shift also discards half)
+SHIFT_TO = 0.5
+#: tokens kept free for the user's next message when the cut is chosen
+USER_ROOM = 128
 
 
 @dataclass
@@ -277,6 +290,11 @@ class PredictiveResponder:
             raise ConfigError(f"invalid mode {cfg.mode!r}; allowed values: {', '.join(MODES)}")
         if cfg.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {cfg.max_tokens}")
+        if cfg.context_tokens is not None and cfg.context_tokens <= cfg.max_tokens + USER_ROOM:
+            raise ConfigError(
+                f"context_tokens ({cfg.context_tokens}) must leave room for a message of "
+                f"{USER_ROOM} tokens and an answer of max_tokens ({cfg.max_tokens})"
+            )
         if cfg.first_pass not in FIRST_PASS:
             allowed = ", ".join(FIRST_PASS)
             raise ConfigError(f"invalid first_pass {cfg.first_pass!r}; allowed values: {allowed}")
@@ -302,6 +320,8 @@ class PredictiveResponder:
         #: (user text, prompt position, end token, the text's last token) of the end-of-turn
         #: probe a run is reading
         self._probing: tuple[str, int, int, int] | None = None
+        #: the oldest turns the prompts leave out (``_place_cut``)
+        self.left_out = 0
         self.restart(history)
 
     def restart(self, history: list[dict[str, str]] | None = None) -> None:
@@ -309,6 +329,7 @@ class PredictiveResponder:
         turn speculated goes; the KV cache stays, so the next prompt's shared prefix (system
         prompt and earlier turns) is not evaluated again."""
         self.history = list(history or [])
+        self._place_cut()
         self.candidate: list[int] = []
         self.presynth: tuple[str, Audio] | None = None
         self.updates: list[CandidateUpdate] = []
@@ -323,32 +344,60 @@ class PredictiveResponder:
         self.end_probs_marked: dict[str, float] = {}
 
     # ---- prompts -------------------------------------------------------------------------
-    def prompt_ids(self, partial: str) -> list[int]:
-        """The chat prompt; the system prompt is there for the final prompt too (and for the
-        baselines), so greedy PredGen and the cascade answer the very same prompt. The oldest
-        turns of the history are left out until the prompt and an answer of ``max_tokens`` fit
-        in the model's context (a long conversation goes on instead of overflowing)."""
+    def _window(self) -> int:
+        """Tokens a prompt may take: the conversation's window less the answer's room."""
+        n = self.backend.n_ctx
+        if self.cfg.context_tokens is not None:
+            n = min(n, self.cfg.context_tokens)
+        return n - self.cfg.max_tokens
+
+    def _place_cut(self) -> None:
+        """How many of the oldest turns (a user message and its answer) the prompts leave out,
+        chosen when a turn starts: kept while the history and ``USER_ROOM`` fit the window,
+        moved when they do not, until the history fills at most ``SHIFT_TO`` of it. Turn after
+        turn the prompt then begins the same way, and the cache holding it is extended, not
+        evaluated again; leaving out the fewest turns each time would change the prompt's start,
+        and so re-evaluate the whole window, at every turn of a long conversation."""
+        left_out = self.left_out
+        if 2 * left_out > len(self.history):
+            left_out = 0  # a new, shorter conversation
+        room = self._window() - USER_ROOM
+        if len(chat_prompt(self.tok, "", self.history[2 * left_out :], self.cfg.system)) > room:
+            left_out, _ = self._fewest_left_out("", left_out, int(room * SHIFT_TO))
+        self.left_out = left_out
+
+    def _fewest_left_out(self, partial: str, start: int, limit: int) -> tuple[int, list[int]]:
+        """The fewest oldest turns (at least ``start``) to leave out so that the prompt for
+        ``partial`` takes at most ``limit`` tokens, and that prompt; every turn when even that
+        does not fit. Found by bisection: the prompt only gets shorter as more are left out, and
+        a conversation of hundreds of turns would otherwise tokenize its history once per turn."""
         history, system = self.history, self.cfg.system
-        budget = self.backend.n_ctx - self.cfg.max_tokens
-        ids = chat_prompt(self.tok, partial, history, system)
-        if len(ids) <= budget or not history:
-            return ids
-        # the fewest turns (a user turn and its answer) to leave out, found by bisection: the
-        # prompt only gets shorter as more are left out, and a conversation of hundreds of
-        # turns would otherwise tokenize its history once per turn it drops, at every pass
         fits = (len(history) + 1) // 2  # every turn left out
         best = chat_prompt(self.tok, partial, history[2 * fits :], system)
-        if len(best) > budget:
-            return best
-        fails = 0
+        if len(best) > limit or fits <= start:
+            return fits, best
+        fails = start - 1  # ``start`` itself may fit
         while fits - fails > 1:
             mid = (fits + fails) // 2
             ids = chat_prompt(self.tok, partial, history[2 * mid :], system)
-            if len(ids) <= budget:
+            if len(ids) <= limit:
                 fits, best = mid, ids
             else:
                 fails = mid
-        return best
+        return fits, best
+
+    def prompt_ids(self, partial: str) -> list[int]:
+        """The chat prompt; the system prompt is there for the final prompt too (and for the
+        baselines), so greedy PredGen and the cascade answer the very same prompt. The history
+        starts after the turns ``_place_cut`` leaves out; a user message too long for the room
+        left makes this prompt leave out more, until it and an answer of ``max_tokens`` fit
+        the window (a long conversation goes on instead of overflowing)."""
+        history, system = self.history, self.cfg.system
+        budget = self._window()
+        ids = chat_prompt(self.tok, partial, history[2 * self.left_out :], system)
+        if len(ids) <= budget or 2 * self.left_out >= len(history):
+            return ids
+        return self._fewest_left_out(partial, self.left_out + 1, budget)[1]
 
     def _answer_ids(self, word: str) -> list[int]:
         ids = {self.tok.encode(w)[0] for w in (word, word.capitalize(), " " + word) if self.tok.encode(w)}
