@@ -193,3 +193,28 @@ def test_trimmed_draft_encodes_only_the_audio(wb, prefix):
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.7
     with pytest.raises(ConfigError):
         WhisperBackend(wb.model, wb.tokenizer, wb.specials, audio_margin_s=-1.0)
+
+
+def test_new_encoder_lengths_keep_no_memory_and_leave_onednn_as_it_was(wb):
+    """A live server encodes a new length at nearly every pass. With torch's oneDNN each new
+    length kept its kernels (about 70 KB a length, growing until oneDNN's cache of 1,024 was
+    full); the encoder runs without it, so new lengths keep nothing."""
+    import torch
+
+    from speclive.asr.whisper import WhisperBackend
+    from speclive.server.memory import heap_bytes
+
+    if not heap_bytes():
+        pytest.skip("needs glibc's malloc figures")
+    trimmed = WhisperBackend(wb.model, wb.tokenizer, wb.specials, audio_margin_s=0.0)
+    feats = torch.randn(1, 80, 3000) * 0.1
+    assert torch.backends.mkldnn.enabled
+    with torch.inference_mode():
+        for n in range(30):  # the first lengths warm up what every length shares
+            trimmed._encode(feats, 16_000 + 320 * n)
+        before = heap_bytes()["in_use"]
+        for n in range(30, 90):
+            trimmed._encode(feats, 16_000 + 320 * n)
+        grown = heap_bytes()["in_use"] - before
+    assert grown < 1.5 * 2**20, f"{grown / 2**20:.1f} MiB kept by 60 new encoder lengths"
+    assert torch.backends.mkldnn.enabled  # switched off only while encoding

@@ -15,6 +15,9 @@ implements the engine's cache protocol (``extend`` with trees, ``keep``, ``trunc
   rows in place, ``keep`` moves the accepted tree rows down, ``truncate`` only shortens the
   logical length. This keeps Python and allocation overhead small, which on a CPU decides
   whether speculation pays.
+- On the CPU the encoder runs with oneDNN off (``_onednn_off``): oneDNN builds and caches a
+  kernel for every new input length, and a live server encodes a new length at nearly every
+  pass (docs/server.md).
 - ``shallow(n)`` returns a self-draft sharing the model, the audio context and the LM head but
   running only the first ``n`` decoder layers: same vocabulary, no second encoder pass.
 - Whisper's logit rules (``suppress_tokens``, ``begin_suppress_tokens`` at the first generated
@@ -24,8 +27,11 @@ implements the engine's cache protocol (``extend`` with trees, ``keep``, ``trunc
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,6 +183,27 @@ class _Layer:
         self.ln2 = (layer.encoder_attn_layer_norm.weight, layer.encoder_attn_layer_norm.bias)
         self.ln3 = (layer.final_layer_norm.weight, layer.final_layer_norm.bias)
         self.eps = layer.self_attn_layer_norm.eps
+
+
+#: held while a thread has torch's oneDNN switched off (the switch is process-wide)
+_ONEDNN_SWITCH = threading.Lock()
+
+
+@contextlib.contextmanager
+def _onednn_off(torch: Any, device: Any) -> Iterator[None]:
+    """torch's CPU operators without oneDNN while the block runs (elsewhere: no change).
+
+    oneDNN builds a kernel for every input shape it meets and keeps it in a cache of 1,024.
+    The trimmed encoder's input grows with the audio, so a live server meets a new length at
+    nearly every pass, and the kernels of its convolutions and matrix products kept memory
+    that grew for as long as the cache filled. torch's own kernels keep nothing per shape and
+    are no slower on this encoder (docs/server.md). The switch is global to the process, so
+    threads take turns with it."""
+    if getattr(device, "type", device) != "cpu":
+        yield
+        return
+    with _ONEDNN_SWITCH, torch.backends.mkldnn.flags(enabled=False):
+        yield
 
 
 class WhisperBackend(Backend):
@@ -366,9 +393,10 @@ class WhisperBackend(Backend):
         """Encoder output ``[frames, d_model]``: transformers' encoder over the whole window,
         or ``encode_window`` when ``audio_margin_s`` trims it."""
         frames = self.encoder_frames(n_samples)
-        if frames == self.full_frames:
-            return self.model.model.encoder(feats).last_hidden_state[0]
-        return self.encode_window(feats, frames)
+        with _onednn_off(self.torch, self.device):
+            if frames == self.full_frames:
+                return self.model.model.encoder(feats).last_hidden_state[0]
+            return self.encode_window(feats, frames)
 
     def encode_window(self, feats: Any, frames: int) -> Any:
         """The encoder over the first ``2 * frames`` mel frames only (whisper.cpp's
