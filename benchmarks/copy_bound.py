@@ -190,11 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alpha", type=float, required=True, help="the draft model's acceptance per token")
     ap.add_argument("--out", type=Path, default=None, help="write copy-bound-<result>.{json,md} here")
     args = ap.parse_args(argv)
+    if args.out is not None:
+        report.refuse_dirty_results(args.out)
+    command = " ".join(["python", "benchmarks/copy_bound.py", *(argv or sys.argv[1:])])
     source = json.loads(args.result.read_text())
     res = bound(source, args.model_cost, args.alpha)
+    res["provenance"] = report.provenance(command)
     res["header"] = {
         "machine": report.machine_info(None),
-        "command": " ".join(["python", "benchmarks/copy_bound.py", *(argv or sys.argv[1:])]),
+        "command": command,
         "source": args.result.name,
         "source_machine": source["header"].get("machine"),
     }
