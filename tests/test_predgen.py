@@ -386,6 +386,12 @@ def test_a_growing_conversation_keeps_its_prompts_start_between_rare_cuts(llama_
     assert len(cuts) >= 2, "40 turns outgrow a 1024-token window more than once"
     # each cut frees about half the window, so the next one comes that many turns later
     assert all(b - a >= half // per_turn - 1 for a, b in zip(cuts, cuts[1:], strict=False))
+    # the cut follows from the histories alone: a fresh responder restarted turn by turn (as
+    # ``bench longconv`` checks a session's answers) leaves out the same turns
+    fresh = PredictiveResponder(llama_smol, max_tokens=64, context_tokens=1024)
+    for n in range(2, len(history) + 1, 2):
+        fresh.restart(history[:n])
+    assert fresh.left_out == s.left_out and fresh.prompt_ids("And then?") == s.prompt_ids("And then?")
     with pytest.raises(ConfigError, match="context_tokens"):
         PredictiveResponder(llama_smol, max_tokens=64, context_tokens=150)
 

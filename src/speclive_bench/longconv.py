@@ -16,7 +16,8 @@ turn: a turn during which the restores went up is a *restored* turn.
 Once the server has stopped, every answer is computed again from a fresh state: the same
 GGUF and context size in this process, the server's voice prompt, the conversation so far (the
 transcripts and answers the session had) and the turn's transcript (``PredictiveResponder``
-on a new KV state). An answer equal to it is *equal*; otherwise the first differing token is
+on a new KV state, with the server's conversation window, restarted turn by turn as the
+session's was, so it leaves out the same oldest turns). An answer equal to it is *equal*; otherwise the first differing token is
 read off plain greedy decoding's logits there: a top-2 gap below ``report.NEAR_TIE_GAP`` is a
 *near-tie* flip (quantized kernels depend on the batch shape), a larger one a *bug*.
 The conversations are saved to the temporary folder before the check
@@ -47,6 +48,7 @@ from speclive.loader import load_backend
 from speclive.options import OptionSet, option
 from speclive.server.config import SERVE_OPTIONS
 from speclive.server.inproc import free_port
+from speclive.server.realtime_settings import conversation_window
 from speclive.sessions.predictive import PredictiveResponder
 from speclive_bench import report
 from speclive_bench.exactness import ar_logit_gap
@@ -259,7 +261,8 @@ def check_against_fresh(
     """Each answered turn's answer (``restored_only``: each restored turn's) from a fresh state
     (module docstring): every such record gets ``reference`` and ``verdict``, a differing one
     its ``divergence``."""
-    pcfg = voice_predgen()  # the server's voice prompt and answer length
+    # the server's voice prompt, answer length and conversation window (its share of the cells)
+    pcfg = voice_predgen(context_tokens=conversation_window(llm))
     todo = [
         r
         for r in records
@@ -268,7 +271,11 @@ def check_against_fresh(
         and (r["restored"] or not restored_only)
     ]
     for k, r in enumerate(todo):
-        resp = PredictiveResponder(llm, pcfg, mode="cascade", history=r["history"])
+        resp = PredictiveResponder(llm, pcfg, mode="cascade")
+        history = r["history"]
+        for n in range(2, len(history) + 1, 2):  # the oldest turns left out as the session left them
+            resp.restart(history[:n])
+        resp.restart(history)
         try:
             prompt = resp.prompt_ids(r["transcript"])
             res = resp.finish(r["transcript"])
