@@ -31,6 +31,7 @@ from pathlib import Path
 from speclive.loader import tokenizer_for
 from speclive.models.resolve import resolve
 from speclive_bench import report
+from speclive_bench.costcurve import CostCurve
 from speclive_bench.prompts import load_prompts
 
 #: the longest draft considered (the cost curve is interpolated up to it)
@@ -38,23 +39,11 @@ MAX_DRAFT = 64
 
 
 def curve(rows: list[dict]) -> list[float]:
-    """t(n)/t(1) for n = 0..MAX_DRAFT + 1, linear between the measured rows and proportional
-    past the last (t(0) = 0)."""
+    """t(n)/t(1) for n = 0..MAX_DRAFT + 1 from the measured rows (``CostCurve``: linear
+    between them and past the last; t(0) = 0)."""
     pts = {r["k"]: r["ms"] for r in rows if r.get("ms")}
-    ks = sorted(pts)
-    t1 = pts[1]
-    out = [0.0]
-    for n in range(1, MAX_DRAFT + 2):
-        lo = max((k for k in ks if k <= n), default=ks[0])
-        hi = min((k for k in ks if k >= n), default=None)
-        if hi is None:
-            ms = pts[lo] * n / lo
-        elif hi == lo:
-            ms = pts[lo]
-        else:
-            ms = pts[lo] + (pts[hi] - pts[lo]) * (n - lo) / (hi - lo)
-        out.append(ms / t1)
-    return out
+    r = CostCurve({k: ms / pts[1] for k, ms in pts.items()})
+    return [0.0] + [r(n) for n in range(1, MAX_DRAFT + 2)]
 
 
 def copy_runs(context: list[int], ref: list[int]) -> list[int]:

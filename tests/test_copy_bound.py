@@ -28,7 +28,7 @@ def test_the_oracle_drafts_the_cheapest_lengths_on_the_cost_curve():
 
 def test_curve_interpolates_between_the_measured_rows():
     t = cb.curve([{"k": 1, "ms": 10.0}, {"k": 3, "ms": 20.0}])
-    assert t[1] == 1.0 and t[2] == 1.5 and t[3] == 2.0 and t[6] == 4.0  # past the last: proportional
+    assert t[0] == 0.0 and t[1] == 1.0 and t[2] == 1.5 and t[3] == 2.0 and t[6] == 3.5  # the last slope on
 
 
 def test_a_perfect_free_draft_model_takes_the_longest_draft():
