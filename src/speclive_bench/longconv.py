@@ -17,10 +17,10 @@ Once the server has stopped, every answer is computed again from a fresh state: 
 GGUF and context size in this process, the server's voice prompt, the conversation so far (the
 transcripts and answers the session had) and the turn's transcript (``PredictiveResponder``
 on a new KV state, with the server's conversation window, restarted turn by turn as the
-session's was, so it leaves out the same oldest turns). An answer equal to it is *equal*; otherwise the first differing token is
-read off plain greedy decoding's logits there: a top-2 gap below ``report.NEAR_TIE_GAP`` is a
-*near-tie* flip (quantized kernels depend on the batch shape), a larger one a *bug*.
-The conversations are saved to the temporary folder before the check
+session's was, so it leaves out the same oldest turns). An answer equal to it is *equal*;
+otherwise the first differing token is read off plain greedy decoding's logits there: a top-2
+gap below ``report.NEAR_TIE_GAP`` is a *near-tie* flip (quantized kernels depend on the batch
+shape), a larger one a *bug*. The conversations are saved to the temporary folder before the check
 (``longconv-<tag>-turns.json``); ``--turns-from`` runs the check alone on such a file.
 Results: ``benchmarks/results/longconv-<tag>.{json,md}``.
 """

@@ -220,6 +220,10 @@ def _turn_detection(new: SessionSettings, td: Any, param: str) -> None:
         new.end_s = ms / 1000
 
 
+#: the smallest window a voice conversation gets: a message, an answer and a few turns before
+LEAST_WINDOW = 2 * (VOICE_MAX_TOKENS + USER_ROOM)
+
+
 def conversation_window(llm: Any) -> int | None:
     """A voice conversation's share of the KV cells the server's sessions share: the cells over
     the states the backend holds at once (llama.cpp; None where the backend has no such limit),
@@ -230,10 +234,6 @@ def conversation_window(llm: Any) -> int | None:
     if not cells or not states:
         return None
     return max(LEAST_WINDOW, int(cells) // int(states))
-
-
-#: the smallest window a voice conversation gets: a message, an answer and a few turns before
-LEAST_WINDOW = 2 * (VOICE_MAX_TOKENS + USER_ROOM)
 
 
 def pipeline_for(s: SessionSettings, models: LiveModels, turn: TurnConfig) -> LivePipeline:
