@@ -34,16 +34,14 @@ from speclive_bench import report
 from speclive_bench.costcurve import CostCurve
 from speclive_bench.prompts import load_prompts
 
-#: the longest draft considered (the cost curve is interpolated up to it)
-MAX_DRAFT = 64
-
 
 def curve(rows: list[dict]) -> list[float]:
-    """t(n)/t(1) for n = 0..MAX_DRAFT + 1 from the measured rows (``CostCurve``: linear
-    between them and past the last; t(0) = 0)."""
+    """t(n)/t(1) for n = 0 up to the longest measured pass, linear between the measured rows
+    (``CostCurve``; t(0) = 0). Nothing past the last row: a draft is at most one token shorter
+    than the longest pass measured, so no bound rests on an extrapolated cost."""
     pts = {r["k"]: r["ms"] for r in rows if r.get("ms")}
     r = CostCurve({k: ms / pts[1] for k, ms in pts.items()})
-    return [0.0] + [r(n) for n in range(1, MAX_DRAFT + 2)]
+    return [0.0] + [r(n) for n in range(1, max(pts) + 1)]
 
 
 def copy_runs(context: list[int], ref: list[int]) -> list[int]:
@@ -70,7 +68,7 @@ def copy_oracle_cost(runs: list[int], t: list[float], min_run: int = 1) -> float
     n = len(runs)
     cost = [0.0] * (n + 1)
     for i in range(n - 1, -1, -1):
-        longest = min(runs[i], n - i - 1, MAX_DRAFT) if runs[i] >= min_run else 0
+        longest = min(runs[i], n - i - 1, len(t) - 2) if runs[i] >= min_run else 0
         cost[i] = min(t[k + 1] + cost[i + k + 1] for k in range(longest + 1))
     return cost[0]
 
@@ -84,7 +82,7 @@ def model_draft_bound(t: list[float], c: float, alpha: float) -> tuple[float, in
     drafted token, drafting k tokens per pass, each accepted with probability ``alpha``
     (a rejection ends the run): max over k of E[tokens] / (t(k+1)/t(1) + k c), and its k."""
     best = (1.0, 0)
-    for k in range(1, MAX_DRAFT + 1):
+    for k in range(1, len(t) - 1):
         tokens = sum(alpha**i for i in range(k + 1))
         best = max(best, (tokens / (t[k + 1] + k * c), k))
     return best
