@@ -18,8 +18,6 @@ Each case runs in a fresh process, on one thread.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -62,14 +60,14 @@ CASES = {
 }
 
 
-def _one(case: str, n: int) -> dict:
-    cmd = [sys.executable, "-c", PROBE, case, str(n)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> int:
-    from speclive_bench.report import provenance, provenance_line, refuse_dirty_results, write_result_files
+    from speclive_bench.report import (
+        provenance,
+        provenance_line,
+        refuse_dirty_results,
+        run_probe,
+        write_result_files,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/encoder-length-memory.md"))
@@ -93,7 +91,7 @@ def main() -> int:
         "|---|---|---|---|---|",
     ]
     for case, what in CASES.items():
-        r = _one(case, args.n)
+        r = run_probe(PROBE, case, str(args.n))
         new_in_use = r["after_new"]["in_use"] - r["start"]["in_use"]
         seen_in_use = r["after_seen"]["in_use"] - r["after_new"]["in_use"]
         new_rss = r["after_new"]["rss"] - r["start"]["rss"]

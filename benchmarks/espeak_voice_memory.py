@@ -12,8 +12,6 @@ N texts phonemized through ``PiperTTS``, which selects the voice only when it ch
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -46,15 +44,14 @@ CASES = {
 }
 
 
-def _one(case: str, n: int) -> dict[str, int]:
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE, case, str(n)], capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> int:
-    from speclive_bench.report import provenance, provenance_line, refuse_dirty_results, write_result_files
+    from speclive_bench.report import (
+        provenance,
+        provenance_line,
+        refuse_dirty_results,
+        run_probe,
+        write_result_files,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/espeak-voice-memory.md"))
@@ -74,7 +71,7 @@ def main() -> int:
         "|---|---|---|",
     ]
     for case, what in CASES.items():
-        r = _one(case, args.n)
+        r = run_probe(PROBE, case, str(args.n))
         grew = r["after"] - r["before"]
         result["cases"][case] = {**r, "growth_bytes": grew, "bytes_per_call": grew / args.n}
         lines.append(f"| {what} | {grew / 2**20:+.2f} MiB | {grew / args.n:+.0f} B |")

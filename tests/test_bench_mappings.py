@@ -117,3 +117,12 @@ def test_a_threads_small_blocks_show_in_mallocs_heaps():
     cmd = [sys.executable, "-c", _THREAD_HEAP]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     assert float(out.stdout) > 4 * MIB  # 4000 blocks of 2000 bytes, touched
+
+
+def test_run_probe_reads_the_last_json_line_and_fails_with_the_probe():
+    from speclive_bench.report import run_probe
+
+    code = "import json, sys; print('loading'); print(json.dumps({'arg': sys.argv[1]}))"
+    assert run_probe(code, "x") == {"arg": "x"}
+    with pytest.raises(subprocess.CalledProcessError):
+        run_probe("raise SystemExit(3)")

@@ -276,6 +276,13 @@ def hf_device_option() -> Any:
     return device_option(help="torch device of the hf backend (cpu, cuda, ...)")
 
 
+def run_probe(code: str, *args: str) -> Any:
+    """Run ``python -c code args`` in a fresh process (a memory probe starts from a clean
+    heap) and return the JSON its last line of output prints."""
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def write_result_files(
     result: Any,
     out: Path,
