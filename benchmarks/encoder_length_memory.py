@@ -17,9 +17,7 @@ Each case runs in a fresh process, on one thread.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 PROBE = """
 import contextlib, ctypes, json, sys, time
@@ -61,20 +59,11 @@ CASES = {
 
 
 def main() -> int:
-    from speclive_bench.report import (
-        provenance,
-        provenance_line,
-        refuse_dirty_results,
-        run_probe,
-        write_result_files,
-    )
+    from speclive_bench.report import probe_script_setup, provenance_line, run_probe, write_result_files
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/encoder-length-memory.md"))
-    ap.add_argument("--n", type=int, default=400)
-    args = ap.parse_args()
-    refuse_dirty_results(args.out.parent)
-    prov = provenance(" ".join(["python", "benchmarks/encoder_length_memory.py", *sys.argv[1:]]))
+    args, prov = probe_script_setup(
+        __doc__.splitlines()[0], "encoder_length_memory", "benchmarks/results/encoder-length-memory.md", 400
+    )
     result: dict = {"provenance": prov, "n": args.n, "cases": {}}
     mib = 2**20
     lines = [

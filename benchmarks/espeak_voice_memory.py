@@ -11,9 +11,7 @@ N texts phonemized through ``PiperTTS``, which selects the voice only when it ch
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 PROBE = """
 import ctypes, json, sys
@@ -45,20 +43,11 @@ CASES = {
 
 
 def main() -> int:
-    from speclive_bench.report import (
-        provenance,
-        provenance_line,
-        refuse_dirty_results,
-        run_probe,
-        write_result_files,
-    )
+    from speclive_bench.report import probe_script_setup, provenance_line, run_probe, write_result_files
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/espeak-voice-memory.md"))
-    ap.add_argument("--n", type=int, default=3000)
-    args = ap.parse_args()
-    refuse_dirty_results(args.out.parent)
-    prov = provenance(" ".join(["python", "benchmarks/espeak_voice_memory.py", *sys.argv[1:]]))
+    args, prov = probe_script_setup(
+        __doc__.splitlines()[0], "espeak_voice_memory", "benchmarks/results/espeak-voice-memory.md", 3000
+    )
     result: dict = {"provenance": prov, "n": args.n, "cases": {}}
     lines = [
         "# Memory held by espeak-ng voice selections",

@@ -276,6 +276,20 @@ def hf_device_option() -> Any:
     return device_option(help="torch device of the hf backend (cpu, cuda, ...)")
 
 
+def probe_script_setup(description: str, script: str, default_out: str, n: int) -> tuple[Any, dict[str, Any]]:
+    """The command line of a standalone memory-probe script (``benchmarks/<script>.py``):
+    ``--out`` (its Markdown report; the JSON goes beside it) and ``--n`` (calls per case), parsed,
+    the results folder refused from a dirty tree, and the run's provenance."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", type=Path, default=Path(default_out))
+    ap.add_argument("--n", type=int, default=n)
+    args = ap.parse_args()
+    refuse_dirty_results(args.out.parent)
+    return args, provenance(" ".join(["python", f"benchmarks/{script}.py", *sys.argv[1:]]))
+
+
 def run_probe(code: str, *args: str) -> Any:
     """Run ``python -c code args`` in a fresh process (a memory probe starts from a clean
     heap) and return the JSON its last line of output prints."""
