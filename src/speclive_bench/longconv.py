@@ -273,7 +273,7 @@ def check_against_fresh(
     for k, r in enumerate(todo):
         resp = PredictiveResponder(llm, pcfg, mode="cascade")
         history = r["history"]
-        for n in range(2, len(history) + 1, 2):  # the oldest turns left out as the session left them
+        for n in range(2, len(history), 2):  # the oldest turns left out as the session left them
             resp.restart(history[:n])
         resp.restart(history)
         try:

@@ -79,7 +79,7 @@ def kind_of(m: Mapping, before: Mapping | None, after: Mapping | None) -> str:
     writable = m.perms.startswith("rw")
     if writable and m.start % MALLOC_HEAP_ALIGN == 0:
         rest_sealed = after is not None and after.start == m.end and after.perms.startswith("---")
-        if rest_sealed or m.end - m.start == MALLOC_HEAP_ALIGN:
+        if rest_sealed or m.size == MALLOC_HEAP_ALIGN:
             return "malloc_heaps"
     if writable and before is not None and before.end == m.start and before.perms.startswith("---"):
         return "stacks"
