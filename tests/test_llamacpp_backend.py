@@ -682,14 +682,45 @@ def test_a_batch_under_a_cell_shortage_evicts_none_of_its_own(
         assert_close(out[0], be.extend(be.new_state(), body[:60] + body[120:140])[60:], "a in the batch")
 
 
-def test_reserve_kv_refuses_to_clear_a_cache_in_use(gguf: Path, tok: Tokenizer, prefix: list[int]) -> None:
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc/self/statm")
+def test_reserve_memory_leaves_a_full_batch_no_memory_to_take(
+    gguf: Path, tok: Tokenizer, prefix: list[int]
+) -> None:
+    """Without the reservation, the first batch with a logits row for each of its n_batch
+    tokens makes llama.cpp's logits and compute buffers resident (96 MiB of logits alone for a
+    49k vocabulary); after it, that batch finds them resident already."""
+    grew = {}
+    for reserve in (False, True):
+        be = LlamaCppBackend(gguf, tok, n_ctx=N_CTX, n_threads=THREADS, max_states=2)
+        try:
+            if reserve:
+                be.reserve_memory()
+            body = (prefix * (be.n_batch // len(prefix) + 1))[: be.n_batch]
+            before = _resident_bytes()
+            be.extend(be.new_state(), body)  # every row's logits: the widest outputs there are
+            grew[reserve] = _resident_bytes() - before
+            logits_buffer = be.n_batch * be.vocab_size * 4
+        finally:
+            be.close()
+    assert grew[False] > 0.8 * logits_buffer, grew
+    assert grew[True] < 0.1 * logits_buffer, grew
+
+
+def test_reserve_memory_refuses_to_clear_a_cache_in_use(
+    gguf: Path, tok: Tokenizer, prefix: list[int]
+) -> None:
     be = LlamaCppBackend(gguf, tok, n_ctx=N_CTX, n_threads=THREADS, max_states=2)
     try:
-        be.reserve_kv()  # nothing cached yet: the KV buffer is written once
+        be.reserve_memory()  # nothing cached yet: the KV buffer is written once
         s = be.new_state()
         be.extend(s, prefix)
         with pytest.raises(RuntimeError, match="clear states"):
-            be.reserve_kv()
+            be.reserve_memory()
         assert s.tokens == prefix and be.cache_len(s) == len(prefix)
     finally:
         be.close()

@@ -20,7 +20,7 @@ Optional features are declared on the class, not probed: ``max_tree_branches`` (
 the leaves of one tree extension, None for none), ``settable_threads`` (``set_threads``
 changes the CPU threads it computes with, ``n_threads``), ``max_states`` (states that hold a
 cache at once before one is evicted, None for no limit; ``restore_evicted`` prefills an
-evicted state again on its next use) and ``reserve_kv`` (take the cache memory now).
+evicted state again on its next use) and ``reserve_memory`` (take the cache's and buffers' memory now).
 ``in_process`` tells a backend from a remote engine that sessions take in its place
 (``speclive.engines.vllm.VLLMEngine`` declares it False and brings its own decode loop,
 ``make_decoder``).
@@ -226,9 +226,10 @@ class Backend(ABC):
         """Compute with ``n_threads`` CPU threads (only where ``settable_threads``)."""
         raise NotImplementedError(f"the {self.kind} backend has no thread setting")
 
-    def reserve_kv(self) -> None:
-        """Take the cache's memory now, where a backend would otherwise take it as states fill
-        (a server's memory use is then known at start-up); nothing to do by default."""
+    def reserve_memory(self) -> None:
+        """Make the cache's and compute buffers' memory resident now, where a backend would
+        otherwise take it as states fill and batches widen (a server's memory use is then known
+        at start-up); nothing to do by default."""
 
     # ---- shared checks around the backend-specific parts ----------------------------
     def extend(

@@ -294,13 +294,19 @@ class LlamaCppBackend(Backend):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def reserve_kv(self) -> None:
-        """Write the whole KV buffer once, so its memory is resident from now on: a server's
-        memory use is then known at start-up (not reached conversation by conversation, which
-        looks like a leak and can run out mid-way). Clears every state's cache: call it before
-        any state holds tokens."""
+    def reserve_memory(self) -> None:
+        """Make the context's buffers resident now, so a server's memory use is known at
+        start-up: writing the KV buffer and decoding one full batch with logits for every token
+        touches the KV cells, the compute buffer and the largest logits buffer llama.cpp will
+        ever keep. Otherwise each is reached piece by piece as conversations grow and batches
+        widen, which reads as a leak over hours and can run out mid-way. Costs one pass of
+        ``n_batch`` tokens; clears every state's cache: call it before any state holds tokens."""
         if any(ref() is not None and ref().tokens for ref in self._owners.values()):  # type: ignore[union-attr]
-            raise RuntimeError("reserve_kv() would clear states that hold tokens")
+            raise RuntimeError("reserve_memory() would clear states that hold tokens")
+        self._lib.llama_memory_clear(self._mem, True)
+        n = self.n_batch
+        home = next(iter(self._free_homes), 0)
+        self._run([0] * n, np.arange(n, dtype=np.int32), None, home, [home])
         self._lib.llama_memory_clear(self._mem, True)
 
     def default_cost_prior(self) -> dict[int, float] | None:
