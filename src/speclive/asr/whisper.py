@@ -202,8 +202,15 @@ def _onednn_off(torch: Any, device: Any) -> Iterator[None]:
     if getattr(device, "type", device) != "cpu":
         yield
         return
-    with _ONEDNN_SWITCH, torch.backends.mkldnn.flags(enabled=False):
-        yield
+    # the switch alone: torch.backends.mkldnn.flags() also sets TF32 and warns about it
+    mkldnn = torch.backends.mkldnn
+    with _ONEDNN_SWITCH:
+        was = mkldnn.enabled
+        mkldnn.enabled = False
+        try:
+            yield
+        finally:
+            mkldnn.enabled = was
 
 
 class WhisperBackend(Backend):
