@@ -126,3 +126,38 @@ def test_run_probe_reads_the_last_json_line_and_fails_with_the_probe():
     assert run_probe(code, "x") == {"arg": "x"}
     with pytest.raises(subprocess.CalledProcessError):
         run_probe("raise SystemExit(3)")
+
+
+def test_steps_name_the_mapping_that_grew_and_a_new_one_but_not_small_growth():
+    last = mappings.parse_smaps(SMAPS.splitlines())
+    now_text = (
+        SMAPS.replace("Rss:                1024 kB", "Rss:               20480 kB").replace(  # the lone block
+            "Rss:                1000 kB", "Rss:                5000 kB"
+        )  # [heap]: +3.9 MiB
+        + "7f0020000000-7f0022000000 rw-p 00000000 00:00 0\nRss:               12288 kB\n"
+    )
+    found = mappings.steps(last, mappings.parse_smaps(now_text.splitlines()))
+    assert [(x["start"], x["kind"], x["new"]) for x in found] == [
+        ("0x7f0010900000", "anon_other", False),
+        ("0x7f0020000000", "anon_other", True),
+    ]
+    assert found[0]["resident_before_mib"] == 1.0 and found[0]["resident_after_mib"] == 20.0
+    assert found[0]["mapped_mib"] == 1.0 and found[1]["resident_before_mib"] == 0.0
+    assert mappings.steps(last, last) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_watch_finds_a_buffer_touched_between_two_readings():
+    import mmap
+
+    buf = mmap.mmap(-1, 32 * MIB)  # mapped, not yet resident
+    watch = mappings.StepWatch(os.getpid())
+    first = watch.sample(1.0)
+    assert first["rss_anon_other_bytes"] > 0 and watch.found == []
+    for i in range(0, 32 * MIB, 4096):
+        buf[i] = 1  # the pages are touched for the first time
+    watch.sample(2.0)
+    hit = [x for x in watch.found if x["mapped_mib"] == 32.0]
+    assert len(hit) == 1 and hit[0]["t"] == 2.0 and not hit[0]["new"], watch.found
+    assert hit[0]["resident_after_mib"] - hit[0]["resident_before_mib"] >= 31
+    buf.close()

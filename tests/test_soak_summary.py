@@ -138,3 +138,24 @@ def test_memory_by_kind_reports_each_kind_and_the_thread_count():
     voices = [SimpleNamespace(turns=[], errors=[], refused=0)]
     md = soak_markdown(summarize_soak(args, "cmd", QUESTIONS[:1], voices, [], samples, 200))
     assert "| stacks | 2.0 | 10.0 |" in md and "| files | 400.0 | 400.0 | 0.00 | 900.0 | 900.0 |" in md
+
+
+def test_the_mappings_steps_are_listed_with_their_minute():
+    from speclive_bench.soak import soak_markdown
+
+    args = SimpleNamespace(
+        sessions=1, chat_clients=0, minutes=10.0, warmup_minutes=1.0, model="m",
+        asr_model="a", asr_draft="d", max_wait=0.0,
+    )  # fmt: skip
+    voices = [SimpleNamespace(turns=[], errors=[], refused=0)]
+    samples = [{"t": 60.0 * m, "rss_bytes": 2.0**30} for m in range(11)]
+    step = {
+        "t": 1260.0, "kind": "anon_other", "start": "0x7f00", "mapped_mib": 413.3,
+        "resident_before_mib": 300.0, "resident_after_mib": 355.0, "new": False,
+    }  # fmt: skip
+    res = summarize_soak(args, "cmd", QUESTIONS[:1], voices, [], samples, 200, steps=[step])
+    assert res["summary"]["resident_steps"][0]["t_min"] == 21.0
+    md = soak_markdown(res)
+    assert "| 21.0 | anon_other | 0x7f00 | 413.3 | 300.0 | 355.0 | no |" in md
+    quiet = soak_markdown(summarize_soak(args, "cmd", QUESTIONS[:1], voices, [], samples, 200))
+    assert "No mapping's resident memory grew by 8 MiB or more" in quiet

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 MALLOC_HEAP_ALIGN = 64 * 2**20
 #: the kinds, in the order they are reported
 KINDS = ("files", "brk_heap", "malloc_heaps", "stacks", "anon_other")
+#: a mapping whose resident memory grows by this much between two readings is a step (``steps``)
+STEP_BYTES = 8 * 2**20
 
 
 @dataclass
@@ -86,16 +88,49 @@ def kind_of(m: Mapping, before: Mapping | None, after: Mapping | None) -> str:
     return "anon_other"
 
 
-def by_kind(maps: list[Mapping]) -> dict[str, tuple[int, int]]:
-    """(resident bytes, mapped bytes) per kind, every kind present (0 where none)."""
-    rss, size = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0)
+def with_kinds(maps: list[Mapping]) -> list[tuple[str, Mapping]]:
+    """Each mapping with its kind (``kind_of``, from its neighbours)."""
+    out = []
     for i, m in enumerate(maps):
         before = maps[i - 1] if i > 0 else None
         after = maps[i + 1] if i + 1 < len(maps) else None
-        kind = kind_of(m, before, after)
+        out.append((kind_of(m, before, after), m))
+    return out
+
+
+def by_kind(maps: list[Mapping]) -> dict[str, tuple[int, int]]:
+    """(resident bytes, mapped bytes) per kind, every kind present (0 where none)."""
+    rss, size = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0)
+    for kind, m in with_kinds(maps):
         rss[kind] += m.rss
         size[kind] += m.size if m.perms[0] != "-" else 0  # reserved, inaccessible: not mapped memory
     return {k: (rss[k], size[k]) for k in KINDS}
+
+
+def steps(
+    last: list[Mapping], now: list[Mapping], least: int = STEP_BYTES
+) -> list[dict[str, float | str | bool]]:
+    """The mappings of ``now`` whose resident memory is at least ``least`` bytes above the
+    mapping at the same address in ``last`` (0 for a new one): a fixed buffer's pages touched
+    for the first time, a new large block, a heap that grew. Each with its kind, address,
+    mapped size and resident size before and after (MiB)."""
+    was = {m.start: m for m in last}
+    out: list[dict[str, float | str | bool]] = []
+    for kind, m in with_kinds(now):
+        old = was.get(m.start)
+        before = old.rss if old is not None else 0
+        if m.rss - before >= least:
+            out.append(
+                {
+                    "kind": kind,
+                    "start": hex(m.start),
+                    "mapped_mib": m.size / 2**20,
+                    "resident_before_mib": before / 2**20,
+                    "resident_after_mib": m.rss / 2**20,
+                    "new": old is None,
+                }
+            )
+    return out
 
 
 def threads(pid: int | str = "self") -> int | None:
@@ -110,14 +145,22 @@ def threads(pid: int | str = "self") -> int | None:
     return None
 
 
-def sample(pid: int | str = "self") -> dict[str, float]:
-    """One reading of process ``pid``: ``rss_<kind>_bytes`` and ``size_<kind>_bytes`` per kind,
-    and ``threads``; empty where ``/proc/PID/smaps`` cannot be read (not Linux, the process
-    gone)."""
+def read(pid: int | str = "self") -> list[Mapping] | None:
+    """The mappings of process ``pid`` (None where ``/proc/PID/smaps`` cannot be read: not
+    Linux, the process gone)."""
     try:
         with open(f"/proc/{pid}/smaps") as f:
-            maps = parse_smaps(f)
+            return parse_smaps(f)
     except OSError:
+        return None
+
+
+def sample(pid: int | str = "self", maps: list[Mapping] | None = None) -> dict[str, float]:
+    """One reading of process ``pid`` (its ``maps`` when already read): ``rss_<kind>_bytes``
+    and ``size_<kind>_bytes`` per kind, and ``threads``; empty where the mappings cannot be
+    read."""
+    maps = maps if maps is not None else read(pid)
+    if maps is None:
         return {}
     out: dict[str, float] = {}
     for kind, (rss, size) in by_kind(maps).items():
@@ -126,3 +169,25 @@ def sample(pid: int | str = "self") -> dict[str, float]:
     if n is not None:
         out["threads"] = float(n)
     return out
+
+
+class StepWatch:
+    """Readings of one process over time that also keep its steps: at each reading, the
+    mappings whose resident memory grew by at least ``least`` bytes since the last one
+    (``steps``), with the time given; ``found`` holds them all, in order."""
+
+    def __init__(self, pid: int | str, least: int = STEP_BYTES) -> None:
+        self.pid, self.least = pid, least
+        self._last: list[Mapping] | None = None
+        self.found: list[dict[str, float | str | bool]] = []
+
+    def sample(self, t: float) -> dict[str, float]:
+        """``sample`` of the process now; steps since the last reading go to ``found`` with
+        ``t`` (seconds)."""
+        maps = read(self.pid)
+        if maps is None:
+            return {}
+        if self._last is not None:
+            self.found += [{"t": t, **x} for x in steps(self._last, maps, self.least)]
+        self._last = maps
+        return sample(self.pid, maps)

@@ -318,6 +318,7 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
     # the server's log sits beside the result files of its run: soak-<tag>.log
     srv = start_server(f"soak-{opts.tag or opts.model}", cmd, port, opts.out, timeout=900, ready="/health")
     samples: list[dict[str, float]] = []
+    watch = mappings.StepWatch(srv.proc.pid)
     try:
         http = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
         t0 = time.perf_counter()
@@ -328,7 +329,8 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             th.start()
             time.sleep(0.2)  # a staggered start, as callers arrive
         while any(th.is_alive() for th in [*voices, *chats]):
-            samples.append({"t": time.perf_counter() - t0, **_reading(http, srv.proc.pid)})
+            t = time.perf_counter() - t0
+            samples.append({"t": t, **_reading(http, watch, t)})
             last = time.perf_counter() - t0
             print(
                 f"  {last / 60:.1f} min: {sum(len(v.turns) for v in voices)} turns, "
@@ -339,19 +341,29 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             time.sleep(opts.sample_s)
         for th in [*voices, *chats]:
             th.join(400)
-        samples.append({"t": time.perf_counter() - t0, **_reading(http, srv.proc.pid)})
+        t = time.perf_counter() - t0
+        samples.append({"t": t, **_reading(http, watch, t)})
         health = http.get("/health").status_code
     finally:
         stop_server(srv)
     return summarize_soak(
-        opts, opts.command, questions, voices, chats, samples, health, load_avg_start=load_avg_start
+        opts,
+        opts.command,
+        questions,
+        voices,
+        chats,
+        samples,
+        health,
+        load_avg_start=load_avg_start,
+        steps=watch.found,
     )
 
 
-def _reading(http: httpx.Client, pid: int) -> dict[str, float]:
+def _reading(http: httpx.Client, watch: mappings.StepWatch, t: float) -> dict[str, float]:
     """The server's figures now: its ``/metrics``, admission's gauges, and its resident memory
-    by kind of mapping with its thread count (read from ``/proc``; ``mappings``)."""
-    return {**scrape(http), **scrape(http, ADMISSION_GAUGES), **mappings.sample(pid)}
+    by kind of mapping with its thread count (read from ``/proc``; ``mappings``; the mappings'
+    steps go to ``watch.found``)."""
+    return {**scrape(http), **scrape(http, ADMISSION_GAUGES), **watch.sample(t)}
 
 
 def _slope_per_min(samples: list[dict[str, float]], key: str) -> float:
@@ -447,6 +459,31 @@ def _memory(
     }
 
 
+def _steps_table(steps: list[dict[str, Any]]) -> list[str]:
+    """The markdown lines that list the mappings' steps (none: a line that says so)."""
+    least = mappings.STEP_BYTES / 2**20
+    if not steps:
+        return ["", f"No mapping's resident memory grew by {least:.0f} MiB or more between two readings."]
+    return [
+        "",
+        f"Mappings whose resident memory grew by {least:.0f} MiB or more between two readings"
+        " (a new mapping's `before` is 0):",
+        "",
+        report.md_table(
+            [
+                ("t_min", "at (min)", 1),
+                ("kind", "kind", 0),
+                ("start", "address", 0),
+                ("mapped_mib", "mapped (MiB)", 1),
+                ("resident_before_mib", "resident before (MiB)", 1),
+                ("resident_after_mib", "resident after (MiB)", 1),
+                ("new", "new mapping", 0),
+            ],
+            steps,
+        ),
+    ]
+
+
 def _resident_by_kind(after_warm: list[dict[str, float]]) -> list[dict[str, Any]]:
     """Per kind of mapping (``mappings.KINDS``) and for the thread count: the reading after the
     warm-up, at the end, and the trend per minute (MiB for memory), with the kind's mapped size
@@ -480,8 +517,11 @@ def summarize_soak(
     samples: list[dict[str, float]],
     health: int,
     load_avg_start: list[float] | None = None,
+    steps: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The figures of a run (``opts``: its settings; the sessions' and clients' records)."""
+    """The figures of a run (``opts``: its settings; the sessions' and clients' records;
+    ``steps``: the server's mappings that grew by a step between two readings,
+    ``mappings.StepWatch``)."""
     turns = [t for v in voices for t in v.turns]
     errors = [e for v in voices for e in v.errors] + [e for c in chats for e in c.errors]
     errors += _turn_errors(turns)
@@ -516,6 +556,7 @@ def summarize_soak(
         "health_at_end": health,
         "kv_cell_evictions": end.get("kv_cell_evictions"),
         "kv_restores": end.get("kv_restores"),
+        "resident_steps": [{**x, "t_min": x["t"] / 60} for x in steps or []],
     }
     header = {
         "machine": report.machine_info(load_avg_start),
@@ -590,6 +631,7 @@ def soak_markdown(result: dict[str, Any]) -> str:
                 s["resident_by_kind"],
             ),
         ]
+    lines += _steps_table(s.get("resident_steps") or [])
     lines += [
         "",
         "Latency over time:",
