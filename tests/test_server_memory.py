@@ -161,3 +161,14 @@ print(heap_bytes()["mapped"] >> 20)
     assert mapped("fixed") >= 8  # each has its own mapping
     with pytest.raises(ValueError):
         fix_mmap_threshold(0)
+
+
+def test_set_malloc_applies_each_setting_given_and_leaves_a_zero_alone(monkeypatch):
+    from speclive.server import memory
+
+    calls = []
+    monkeypatch.setattr(memory, "limit_arenas", lambda n: calls.append(("arenas", n)))
+    monkeypatch.setattr(memory, "fix_mmap_threshold", lambda b: calls.append(("threshold", b)))
+    memory.set_malloc(2, 0)
+    memory.set_malloc(0, 1.5)
+    assert calls == [("arenas", 2), ("threshold", int(1.5 * 2**20))]

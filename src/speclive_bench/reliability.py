@@ -37,6 +37,7 @@ from speclive.server.app import create_app
 from speclive.server.audio import resample
 from speclive.server.config import ServerConfig
 from speclive.server.inproc import serve_in_thread
+from speclive.server.memory import set_malloc
 from speclive.tts.piper import PiperTTS
 from speclive_bench import report
 from speclive_bench.fuzz import fuzz_rest
@@ -121,12 +122,17 @@ def _server(opts: FuzzOptions, key: str):
         realtime_events_per_s=2000.0,
         realtime_send_timeout_s=5.0,
     )
+    # malloc's settings and the reserved model buffers of `speclive serve`, so that the memory
+    # measured is the one a server has (the clients run in this process too)
+    set_malloc(config.malloc_arenas, config.malloc_mmap_threshold_mib)
     tts = PiperTTS(config.tts_voice)
+    tts.reserve()
     stt = Transcriber(TranscribeConfig(model=opts.asr_model, method="specasr", draft="self:1"))
     live = Transcriber(
         TranscribeConfig(model=opts.asr_model, method="specasr", draft="self:1", target_audio_margin_s=1.0)
     )
     backend = load_backend(opts.model, "llamacpp", n_ctx=2048, threads=opts.threads)
+    backend.reserve_memory()
     app = create_app(config, backend=backend, transcriber=stt, live_transcriber=live, tts=tts)
     return app, config, tts
 
@@ -213,6 +219,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             **header,
             "models": f"{opts.model} (llama.cpp), {opts.asr_model}, Piper",
             "limits": limits,
+            # as `speclive serve` has them (`_server`)
+            "memory": {
+                "malloc_arenas": config.malloc_arenas,
+                "malloc_mmap_threshold_mib": config.malloc_mmap_threshold_mib,
+                "reserved": "llama.cpp buffers, Piper's arena",
+            },
         },
         "rest": [r.to_dict() for r in rest],
         "realtime": ws.to_dict() if ws is not None else None,
@@ -236,6 +248,8 @@ def _problems(result: dict[str, Any]) -> int:
 def fuzz_markdown(result: dict[str, Any]) -> str:
     lines = report.markdown_preamble("Server fuzzing: REST and the realtime WebSocket", result["header"])
     lines += [f"Limits of the fuzzed server: `{result['header']['limits']}`", ""]
+    if result["header"].get("memory"):
+        lines += [f"Memory settings of the fuzzed server: `{result['header']['memory']}`", ""]
     if result["rest"]:
         lines += _rest_markdown(result["rest"])
     if result.get("realtime"):
@@ -312,7 +326,8 @@ def generate_markdown(g: dict[str, Any]) -> list[str]:
         f"- mid-answer actions: {rt['mid_answer_actions']}",
         f"- realtime error events by code: {rt['error_codes']}; close codes: {rt['close_codes']}",
         f"- violations: {len(g['violations'])}" + (f" — {g['violations'][:5]}" if g["violations"] else ""),
-        f"- RSS of the server process: before {rss['before_bytes'] / gb:.3f} GB, during max "
+        "- RSS of the process that serves (its fuzzing clients run in it too): "
+        f"before {rss['before_bytes'] / gb:.3f} GB, during max "
         f"{rss['during_max_bytes'] / gb:.3f} GB, after (settled) {rss['after_bytes'] / gb:.3f} GB "
         f"({rss['growth_after_pct']:+.2f} %)",
         f"- RSS during (s: GB): {series}",

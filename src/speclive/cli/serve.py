@@ -28,16 +28,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from speclive.server.app import create_app
-        from speclive.server.memory import fix_mmap_threshold, limit_arenas
+        from speclive.server.memory import set_malloc
     except ImportError as e:  # pragma: no cover - depends on the install
         print(f"speclive serve needs the 'serve' extra ({e}): pip install -e '.[serve]'", file=sys.stderr)
         return 2
 
     config = config_from_args(args)
-    if config.malloc_arenas:  # before any model loads, so that every thread shares the few arenas
-        limit_arenas(config.malloc_arenas)
-    if config.malloc_mmap_threshold_mib:
-        fix_mmap_threshold(int(config.malloc_mmap_threshold_mib * 2**20))
+    set_malloc(config.malloc_arenas, config.malloc_mmap_threshold_mib)  # before any model loads
     fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=args.log_level.upper(), format=fmt)
     app = create_app(config)

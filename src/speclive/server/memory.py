@@ -84,6 +84,16 @@ def fix_mmap_threshold(size: int) -> bool:
     return _mallopt(_M_MMAP_THRESHOLD, size, "MALLOC_MMAP_THRESHOLD_")
 
 
+def set_malloc(arenas: int, mmap_threshold_mib: float) -> None:
+    """The server's malloc settings (``--malloc-arenas``, ``--malloc-mmap-threshold``; 0 leaves
+    glibc's default): call before any model loads, so that every thread it starts is bound by
+    them. A process that embeds the server (a benchmark) calls it as ``speclive serve`` does."""
+    if arenas:
+        limit_arenas(arenas)
+    if mmap_threshold_mib:
+        fix_mmap_threshold(int(mmap_threshold_mib * 2**20))
+
+
 class _MallInfo2(ctypes.Structure):
     """glibc's ``struct mallinfo2`` (glibc >= 2.33): byte counts summed over every arena."""
 
