@@ -135,7 +135,14 @@ def test_generate_markdown_reports_rss_before_during_after():
     assert d["rss"]["growth_after_pct"] == 2.0 and d["rss"]["during_max_bytes"] == 1_050_000_000
     text = "\n".join(generate_markdown(d))
     assert "before 1.000 GB" in text and "(+2.00 %)" in text
+    assert "no mapping's resident memory grew by 8 MiB" in text
     assert rss_bytes() > 0
+    report.rss_steps = [
+        {"t": 305.1, "kind": "anon_other", "start": "0x7f00", "mapped_mib": 96.0,
+         "resident_before_mib": 0.0, "resident_after_mib": 96.0, "new": True},
+    ]  # fmt: skip
+    text = "\n".join(generate_markdown(report.to_dict()))
+    assert "305 s: anon_other at 0x7f00 (96.0 MiB mapped, new), resident 0.0 → 96.0 MiB" in text
 
 
 def test_no_audio_delta_of_a_response_after_its_done():

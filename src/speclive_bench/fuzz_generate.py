@@ -53,6 +53,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from speclive_bench import mappings
 from speclive_bench.fuzz import error_object_problem
 from speclive_bench.fuzz_realtime import RealtimeFuzzReport, _Conn, _settled, _speech_chunks, scrape
 
@@ -95,18 +96,23 @@ def rss_bytes(pid: int | None = None) -> int:
 
 
 class RssSampler:
-    """A thread sampling a process's RSS every ``period`` seconds: ``series`` of (s, bytes)."""
+    """A thread sampling a process's RSS every ``period`` seconds: ``series`` of (s, bytes);
+    ``watch`` also reads its mappings then and keeps those that stepped up
+    (``mappings.StepWatch``; ``watch.found``)."""
 
     def __init__(self, period: float = 5.0, pid: int | None = None) -> None:
         self.period, self.pid = period, pid
         self.series: list[tuple[float, int]] = []
+        self.watch = mappings.StepWatch(pid or os.getpid())
         self._t0 = time.perf_counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="fuzz-rss")
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.series.append((round(time.perf_counter() - self._t0, 1), rss_bytes(self.pid)))
+            t = round(time.perf_counter() - self._t0, 1)
+            self.series.append((t, rss_bytes(self.pid)))
+            self.watch.sample(t)
             self._stop.wait(self.period)
 
     def __enter__(self) -> RssSampler:
@@ -290,6 +296,8 @@ class GenerateReport:
     ws: RealtimeFuzzReport = field(default_factory=RealtimeFuzzReport)
     violations: list[tuple[str, str]] = field(default_factory=list)
     rss: list[tuple[float, int]] = field(default_factory=list)
+    #: mappings whose resident memory stepped up between two of the sampler's readings
+    rss_steps: list[dict[str, Any]] = field(default_factory=list)
     rss_before: int = 0
     rss_after: int = 0
     seconds: float = 0.0
@@ -348,6 +356,7 @@ class GenerateReport:
                 if self.rss_before
                 else None,
                 "series_s_bytes": self.rss,
+                "steps": self.rss_steps,
             },
             "seconds": round(self.seconds, 1),
             "stopped_by_time": self.stopped_by_time,
@@ -660,7 +669,7 @@ def fuzz_generate(
             report.seconds = time.perf_counter() - t0
             _settled(http, gauges)
             time.sleep(settle_s)
-        report.rss = sampler.series
+        report.rss, report.rss_steps = sampler.series, sampler.watch.found
         report.rss_after = rss_bytes()
         if http.get("/health").status_code != 200:
             report.add_violation("/health is not 200 after the run", "")

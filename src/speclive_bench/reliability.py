@@ -39,7 +39,7 @@ from speclive.server.config import ServerConfig
 from speclive.server.inproc import serve_in_thread
 from speclive.server.memory import set_malloc
 from speclive.tts.piper import PiperTTS
-from speclive_bench import report
+from speclive_bench import mappings, report
 from speclive_bench.fuzz import fuzz_rest
 from speclive_bench.fuzz_generate import fuzz_generate
 from speclive_bench.fuzz_realtime import fuzz_realtime
@@ -331,6 +331,22 @@ def generate_markdown(g: dict[str, Any]) -> list[str]:
         f"{rss['during_max_bytes'] / gb:.3f} GB, after (settled) {rss['after_bytes'] / gb:.3f} GB "
         f"({rss['growth_after_pct']:+.2f} %)",
         f"- RSS during (s: GB): {series}",
+        *_steps_lines(rss.get("steps")),
         "",
     ]
     return lines
+
+
+def _steps_lines(steps: list[dict[str, Any]] | None) -> list[str]:
+    """One line per mapping that stepped up during the run (``mappings.StepWatch``)."""
+    if steps is None:
+        return []
+    least = f"{mappings.STEP_BYTES / 2**20:.0f} MiB"
+    if not steps:
+        return [f"- no mapping's resident memory grew by {least} or more between two readings"]
+    return [f"- mappings whose resident memory grew by {least} or more between two readings:"] + [
+        f"  - {x['t']:.0f} s: {x['kind']} at {x['start']} ({x['mapped_mib']:.1f} MiB mapped"
+        f"{', new' if x['new'] else ''}), resident {x['resident_before_mib']:.1f} → "
+        f"{x['resident_after_mib']:.1f} MiB"
+        for x in steps
+    ]
