@@ -153,6 +153,30 @@ def test_after_reserve_no_text_grows_the_voices_memory():
     assert heap_bytes()["mapped"] <= reserved + 16 * 2**20
 
 
+def test_new_piece_lengths_keep_no_memory(monkeypatch):
+    """onnxruntime would keep a memory plan for every input shape it meets, and nearly every
+    sentence is a new number of phonemes: twenty new lengths keep (almost) nothing in use."""
+    pytest.importorskip("piper")
+    import ctypes
+
+    from speclive.server.memory import heap_bytes
+    from speclive.tts import piper as piper_mod
+
+    if not heap_bytes():
+        pytest.skip("no glibc mallinfo2 on this platform")
+    trim = ctypes.CDLL("libc.so.6").malloc_trim
+    tts = piper_mod.PiperTTS("piper-joe-medium", threads=1, varied=False)
+    assert tts.voice.session.get_session_options().enable_mem_pattern is False
+    tts.reserve()
+    tts.synthesize("Warm up.")
+    trim(0)
+    before = heap_bytes()["in_use"]
+    for n in range(1, 21):
+        tts.synthesize(" ".join(["go"] * n) + ".")
+    trim(0)
+    assert heap_bytes()["in_use"] - before < 0.25 * 2**20
+
+
 def test_piper_selects_its_espeak_voice_once(monkeypatch):
     """espeak-ng allocates a voice on every selection and never frees the previous one, and
     Piper selects its voice before each text it phonemizes: a voice already selected is not

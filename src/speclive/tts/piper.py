@@ -146,10 +146,17 @@ def _session(path: Path, threads: int | None) -> Any:
     core) that sleep as soon as a run ends. By default they keep spinning for a while after each
     run, and Piper runs between the LLM's and Whisper's steps on the same cores: a llama.cpp
     step right after a synthesis took a quarter longer on two cores, and synthesis itself was
-    no faster for the spinning (docs/live.md)."""
+    no faster for the spinning (docs/live.md).
+
+    Without memory patterns: onnxruntime records the memory plan of every input shape it
+    meets and keeps it for later runs of that shape. Piper's input is the phonemes of one
+    piece, so nearly every sentence is a new shape and the plans pile up in the heap (bounded
+    only by the number of piece lengths); they save nothing when the shape rarely comes back
+    (docs/server.md)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    so.enable_mem_pattern = False
     if threads is not None:
         so.intra_op_num_threads = int(threads)
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
