@@ -143,6 +143,9 @@ def test_generate_markdown_reports_rss_before_during_after():
     ]  # fmt: skip
     text = "\n".join(generate_markdown(report.to_dict()))
     assert "305 s: anon_other at 0x7f00 (96.0 MiB mapped, new), resident 0.0 → 96.0 MiB" in text
+    report.rss_steps = report.rss_steps * 15
+    text = "\n".join(generate_markdown(report.to_dict()))
+    assert text.count("305 s: anon_other") == 12 and "and 3 more (the JSON's" in text
 
 
 def test_no_audio_delta_of_a_response_after_its_done():

@@ -337,6 +337,10 @@ def generate_markdown(g: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: the mappings' steps the Markdown lists (the JSON has them all)
+STEPS_LISTED = 12
+
+
 def _steps_lines(steps: list[dict[str, Any]] | None) -> list[str]:
     """One line per mapping that stepped up during the run (``mappings.StepWatch``)."""
     if steps is None:
@@ -344,9 +348,12 @@ def _steps_lines(steps: list[dict[str, Any]] | None) -> list[str]:
     least = f"{mappings.STEP_BYTES / 2**20:.0f} MiB"
     if not steps:
         return [f"- no mapping's resident memory grew by {least} or more between two readings"]
-    return [f"- mappings whose resident memory grew by {least} or more between two readings:"] + [
+    lines = [f"- mappings whose resident memory grew by {least} or more between two readings:"] + [
         f"  - {x['t']:.0f} s: {x['kind']} at {x['start']} ({x['mapped_mib']:.1f} MiB mapped"
         f"{', new' if x['new'] else ''}), resident {x['resident_before_mib']:.1f} → "
         f"{x['resident_after_mib']:.1f} MiB"
-        for x in steps
+        for x in steps[:STEPS_LISTED]
     ]
+    if len(steps) > STEPS_LISTED:
+        lines.append(f"  - and {len(steps) - STEPS_LISTED} more (the JSON's `generate.rss.steps`)")
+    return lines
