@@ -213,19 +213,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     finally:
         for lg in loggers:
             lg.removeHandler(errors)
-    limits = {k: getattr(config, k) for k in LIMITS}
     result = {
-        "header": {
-            **header,
-            "models": f"{opts.model} (llama.cpp), {opts.asr_model}, Piper",
-            "limits": limits,
-            # as `speclive serve` has them (`_server`)
-            "memory": {
-                "malloc_arenas": config.malloc_arenas,
-                "malloc_mmap_threshold_mib": config.malloc_mmap_threshold_mib,
-                "reserved": "llama.cpp buffers, Piper's arena",
-            },
-        },
+        "header": _fuzz_header(header, opts, config),
         "rest": [r.to_dict() for r in rest],
         "realtime": ws.to_dict() if ws is not None else None,
         "generate": gen.to_dict() if gen is not None else None,
@@ -235,6 +224,21 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         print(f"wrote {p}", file=sys.stderr)
     print(fuzz_markdown(result))
     return 1 if _problems(result) else 0
+
+
+def _fuzz_header(header: dict[str, Any], opts: FuzzOptions, config: ServerConfig) -> dict[str, Any]:
+    """A fuzz result's header: the machine and command, the models, the fuzzed server's limits
+    and its memory settings (those of `speclive serve`, ``_server``)."""
+    return {
+        **header,
+        "models": f"{opts.model} (llama.cpp), {opts.asr_model}, Piper",
+        "limits": {k: getattr(config, k) for k in LIMITS},
+        "memory": {
+            "malloc_arenas": config.malloc_arenas,
+            "malloc_mmap_threshold_mib": config.malloc_mmap_threshold_mib,
+            "reserved": "llama.cpp buffers, Piper's arena",
+        },
+    }
 
 
 def _problems(result: dict[str, Any]) -> int:
