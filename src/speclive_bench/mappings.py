@@ -19,6 +19,10 @@ Each kind also has its mapped size: resident memory that grows inside a size tha
 pages of fixed buffers touched for the first time (a larger batch reaching further into a
 compute buffer), bounded by that size, not memory allocated anew.
 
+``steps`` (and ``StepWatch``, over a run) names the mappings whose resident memory grew by a
+step between two readings, with their address and mapped size, so that one buffer's growth can
+be told from many small ones.
+
 ``threads`` is the process's thread count (``/proc/PID/status``), since a new thread pool shows
 as new stacks. The kinds are read from the mappings' layout, so a mapping of one kind can pass
 for another (an anonymous block that happens to start at a 64 MiB boundary is counted as a

@@ -130,7 +130,7 @@ class ChatEngine:
             device=config.device,
             max_states=states,
         )
-        backend.reserve_memory()  # the KV cells' memory is taken now, not turn by turn
+        backend.reserve_memory()  # the KV, compute and logits buffers are resident now, not turn by turn
         engine = cls(backend, config)
         # a drafter recipe that cannot be built (a missing --draft-model) fails the load, not
         # every request; this also loads a draft model now rather than on the first request
