@@ -682,31 +682,45 @@ def test_a_batch_under_a_cell_shortage_evicts_none_of_its_own(
         assert_close(out[0], be.extend(be.new_state(), body[:60] + body[120:140])[60:], "a in the batch")
 
 
-def _resident_bytes() -> int:
+_FULL_BATCH = """
+import os, sys
+from speclive.backends.llamacpp import LlamaCppBackend
+from speclive.tokenizer import Tokenizer
+gguf, tok_dir, reserve, threads = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+def resident():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+be = LlamaCppBackend(gguf, Tokenizer.from_pretrained(tok_dir), n_ctx=512, n_threads=threads, max_states=2)
+if reserve:
+    be.reserve_memory()
+body = [100 + i % 500 for i in range(be.n_batch)]
+before = resident()
+be.extend(be.new_state(), body)  # every row's logits: the widest outputs there are
+print(resident() - before, be.n_batch * be.vocab_size * 4)
+"""
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc/self/statm")
-def test_reserve_memory_leaves_a_full_batch_no_memory_to_take(
-    gguf: Path, tok: Tokenizer, prefix: list[int]
-) -> None:
+def test_reserve_memory_leaves_a_full_batch_no_memory_to_take(gguf: Path) -> None:
     """Without the reservation, the first batch with a logits row for each of its n_batch
     tokens makes llama.cpp's logits and compute buffers resident (96 MiB of logits alone for a
-    49k vocabulary); after it, that batch finds them resident already."""
+    49k vocabulary); after it, that batch finds them resident already. Each case runs in a
+    fresh process, whose resident size no earlier test has touched."""
+    import subprocess
+    import sys
+
+    _, tok_dir, name = _model_paths()
+    if tok_dir is None:
+        from speclive.models.convert import tokenizer_dir_for_gguf
+
+        tok_dir = tokenizer_dir_for_gguf(gguf, name)
     grew = {}
     for reserve in (False, True):
-        be = LlamaCppBackend(gguf, tok, n_ctx=N_CTX, n_threads=THREADS, max_states=2)
-        try:
-            if reserve:
-                be.reserve_memory()
-            body = (prefix * (be.n_batch // len(prefix) + 1))[: be.n_batch]
-            before = _resident_bytes()
-            be.extend(be.new_state(), body)  # every row's logits: the widest outputs there are
-            grew[reserve] = _resident_bytes() - before
-            logits_buffer = be.n_batch * be.vocab_size * 4
-        finally:
-            be.close()
+        args = [str(gguf), str(tok_dir), "1" if reserve else "0", str(THREADS)]
+        out = subprocess.run(
+            [sys.executable, "-c", _FULL_BATCH, *args], capture_output=True, text=True, check=True
+        ).stdout.split()
+        grew[reserve], logits_buffer = int(out[-2]), int(out[-1])
     assert grew[False] > 0.8 * logits_buffer, grew
     assert grew[True] < 0.1 * logits_buffer, grew
 
