@@ -683,13 +683,11 @@ def test_a_batch_under_a_cell_shortage_evicts_none_of_its_own(
 
 
 _FULL_BATCH = """
-import os, sys
+import sys
 from speclive.backends.llamacpp import LlamaCppBackend
+from speclive.server.memory import resident_bytes as resident
 from speclive.tokenizer import Tokenizer
 gguf, tok_dir, reserve, threads = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
-def resident():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 be = LlamaCppBackend(gguf, Tokenizer.from_pretrained(tok_dir), n_ctx=512, n_threads=threads, max_states=2)
 if reserve:
     be.reserve_memory()
