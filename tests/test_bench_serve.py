@@ -72,6 +72,15 @@ def test_summary_pairs_prompts_and_reports_ratios():
     assert "| code-edit | llama_cpp.server | 0.100 | 30.0 |" in md
     assert "| 2.00× [0.50–3.00] |" in md and "| 2/3 |" in md  # on the peer's row
     assert "**1.25×**" in md
+    # --no-single: the concurrent table alone
+    md = serve_markdown(
+        {
+            "header": {"settings": {"clients": 8}, "command": "speclive bench serve", "target": "m"},
+            "summary": summarize([], conc),
+            "concurrent": conc,
+        }
+    )
+    assert "median TTFT" not in md and "**1.25×**" in md
 
 
 def test_voice_summary_per_concurrency():

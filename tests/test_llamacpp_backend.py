@@ -326,6 +326,30 @@ def test_extend_many_batches_states_as_if_each_ran_alone(
         backend.release(s)
 
 
+def test_extend_many_computes_only_the_last_row_of_a_last_only_pass(
+    backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int], tok: Tokenizer
+) -> None:
+    """A prompt chunk riding in one decode with another state's pass: its last row only (the
+    others are neither computed nor copied), its cache as if it ran alone."""
+    other = tok.chat([{"role": "user", "content": "What is the capital of France?"}])
+    a, b = backend.new_state(), backend.new_state()
+    backend.extend(a, prefix)
+    calls = backend.forward_calls
+    got = backend.extend_many([(a, cont[:3], None), (b, other, None)], last_only=[False, True])
+    assert backend.forward_calls == calls + 1  # one llama.cpp decode for both
+    assert [g.shape[0] for g in got] == [3, 1]
+    assert_same_choices(got[0], fresh(ref, prefix + cont[:3])[-3:], "full pass beside a last-only one")
+    assert_same_choices(got[1], fresh(ref, other)[-1:], "last-only pass")
+    assert b.tokens == other
+    after = backend.extend(b, [cont[0]])
+    assert_same_choices(after, fresh(ref, other + [cont[0]])[-1:], "after the last-only pass")
+    # alone (a state twice cannot share one batch): the same rows
+    got = backend.extend_many([(a, [5], None), (a, [6, 7], None)], last_only=[True, True])
+    assert [g.shape[0] for g in got] == [1, 1] and a.tokens == prefix + cont[:3] + [5, 6, 7]
+    for s in (a, b):
+        backend.release(s)
+
+
 def test_extend_many_gives_a_failing_pass_its_own_error(backend: LlamaCppBackend, prefix: list[int]) -> None:
     a, b, c = backend.new_state(), backend.new_state(), backend.new_state()
     backend.extend(a, prefix)

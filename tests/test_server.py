@@ -228,6 +228,40 @@ def test_concurrent_streams_keep_their_own_state(srv):
     assert batches and passes / batches > 1.5, (batches, passes)
 
 
+def test_a_long_prompt_is_prefilled_in_chunks_beside_the_other_streams(srv, monkeypatch):
+    """A prompt longer than a prefill chunk does not hold the worker for its whole prefill:
+    its chunks run in the same ``extend_many`` as another stream's verification passes, and
+    both answers are still the greedy ones."""
+    from speclive.server import chat as chat_mod
+
+    engine = srv.app.state.speclive._engines["chat"]
+    calls: list[list[int]] = []  # per extend_many: the length of each payload
+    real = engine.verify_together
+
+    def recording(passes):
+        calls.append([len(p) for p in passes])
+        return real(passes)
+
+    monkeypatch.setattr(engine, "verify_together", recording)
+    monkeypatch.setattr(chat_mod, "PREFILL_CHUNK", 64)
+    long_prompt = "Summarize these notes in one sentence:\n" + "\n".join(
+        f"- item {i}: the {w} arrived at {i + 7} o'clock" for i, w in enumerate(["parcel", "train", "guest"] * 6)
+    )
+    assert len(srv.backend.tokenizer.chat(_ask(long_prompt))) > 3 * 64
+    n = 24
+    with ThreadPoolExecutor(2) as pool:
+        short = pool.submit(_stream_text, srv, EXACT_PROMPTS[0], 96)
+        time.sleep(0.5)  # the short answer is being generated when the long prompt comes
+        long = pool.submit(_stream_text, srv, long_prompt, n)
+        texts = [short.result()[0], long.result()[0]]
+    _assert_greedy(srv, EXACT_PROMPTS[0], texts[0], 96)
+    _assert_greedy(srv, long_prompt, texts[1], n)
+    chunks = [c for c in calls if 4 in c]
+    assert len(chunks) >= 3  # the long prompt in 64-token chunks
+    assert any(3 in c for c in chunks), calls  # ... beside the short answer's passes
+    _wait_idle(srv)
+
+
 @pytest.fixture
 def cached(srv):
     """A second server on the same SmolLM2 backend with the prompt cache on (it is opt-in), for

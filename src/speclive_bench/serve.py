@@ -87,6 +87,8 @@ class ServeBenchOptions:
     clients: int = option(
         8, "--clients", parse=int, help="clients at once (0: no concurrent phase)", always=True
     )
+    #: the 1-client phase (off: the concurrent and realtime phases alone)
+    single: bool = option(True, "--no-single", help="skip the 1-client phase")
     #: llama.cpp threads of each server (default: every core)
     threads: int = threads_option(os.cpu_count() or 2, always=True)
     n_ctx: int = 4096
@@ -453,7 +455,7 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
         for name, srv in servers.items():
             for p in warm:
                 chat_stream(srv.url, models[name], p, opts.max_tokens, count)
-        single = _single_client(servers, models, opts, count, log)
+        single = _single_client(servers, models, opts, count, log) if opts.single else []
         all_prompts = [p for v in opts.prompts.values() for p in v]
         for k in range(max(2, opts.passes)) if opts.prompts and opts.clients else ():
             for name in rotated(names, k):
@@ -579,6 +581,7 @@ def _serve_settings(opts: ServeBenchOptions, sessions: int) -> dict[str, Any]:
         "draft_model": opts.draft_model,
         "peers": list(opts.peers),
         "passes": opts.passes,
+        "single_client_phase": opts.single,
         "llama_server_slots": opts.slots or max(1, opts.clients),
         "warmup_requests": opts.warmup,
         "prompts": {k: len(v) for k, v in opts.prompts.items()},
@@ -625,7 +628,7 @@ def serve_markdown(result: dict[str, Any]) -> str:
     servers = result_servers(result)
     lines = report.markdown_preamble(f"speclive serve vs {', '.join(servers[1:])}", h)
     s = result["summary"]
-    if s["single"]:
+    if s["single"] or result.get("concurrent"):
         passes = h.get("settings", {}).get("passes", 1)
         lines += [
             "Every server: the same GGUF, threads and context, greedy, streamed (SSE) to the same client; "
@@ -635,8 +638,7 @@ def serve_markdown(result: dict[str, Any]) -> str:
             "whole (not streamed) responses; each server measured once per pass (at least two, order "
             "rotated), the passes averaged and their requests pooled.",
             "",
-            *single_table(s["single"], servers),
-            "",
+            *([*single_table(s["single"], servers), ""] if s["single"] else []),
             *concurrent_table(s["concurrent"], servers, h["settings"]["clients"]),
         ]
         c = s["concurrent"]

@@ -256,19 +256,27 @@ class Backend(ABC):
         return logits
 
     def extend_many(
-        self, passes: Sequence[tuple[BackendState, Sequence[int], Sequence[int] | None]]
+        self,
+        passes: Sequence[tuple[BackendState, Sequence[int], Sequence[int] | None]],
+        last_only: Sequence[bool] | None = None,
     ) -> list[np.ndarray | Exception]:
-        """``extend`` for several different states, ``(state, tokens, parents)`` each: their
-        logits in order, or in the place of a pass that failed, its exception (the other
-        passes are unaffected). Backends that evaluate several sequences in one forward pass
-        (llama.cpp) do so; the result is that of one ``extend`` per pass."""
-        return [self._try_extend(st, toks, par) for st, toks, par in passes]
+        """``extend`` for several different states, ``(state, tokens, parents)`` each, with
+        ``last_only`` per pass (default: none): their logits in order, or in the place of a
+        pass that failed, its exception (the other passes are unaffected). Backends that
+        evaluate several sequences in one forward pass (llama.cpp) do so; the result is that of
+        one ``extend`` per pass."""
+        last = list(last_only) if last_only is not None else [False] * len(passes)
+        return [self._try_extend(st, toks, par, lo) for (st, toks, par), lo in zip(passes, last, strict=True)]
 
     def _try_extend(
-        self, state: BackendState, tokens: Sequence[int], parents: Sequence[int] | None
+        self,
+        state: BackendState,
+        tokens: Sequence[int],
+        parents: Sequence[int] | None,
+        last_only: bool = False,
     ) -> np.ndarray | Exception:
         try:
-            return self.extend(state, tokens, parents)
+            return self.extend(state, tokens, parents, last_only=last_only)
         except Exception as e:  # noqa: BLE001 - handed to the pass's owner
             return e
 

@@ -498,17 +498,22 @@ class LlamaCppBackend(Backend):
             self._lib.llama_memory_seq_rm(self._mem, s, -1, -1)
 
     def extend_many(
-        self, passes: Sequence[tuple[BackendState, Sequence[int], Sequence[int] | None]]
+        self,
+        passes: Sequence[tuple[BackendState, Sequence[int], Sequence[int] | None]],
+        last_only: Sequence[bool] | None = None,
     ) -> list[np.ndarray | Exception]:
         """Several states' passes in ONE ``llama_decode``, each on its own sequences (no token
-        attends to another state's cells). A pass that fails its checks gets its exception and
-        the others still run together; when they do not fit one batch, their states cannot all
-        be resident at once, or the decode fails, each pass runs alone."""
+        attends to another state's cells); ``last_only`` as in ``extend``, per pass (a chunk of
+        a prompt rides along with other states' verification passes). A pass that fails its
+        checks gets its exception and the others still run together; when they do not fit one
+        batch, their states cannot all be resident at once, or the decode fails, each pass runs
+        alone."""
+        last = list(last_only) if last_only is not None else [False] * len(passes)
         results: list[np.ndarray | Exception | None] = [None] * len(passes)
         checked: list[tuple[int, LlamaCppState, list[int], list[int] | None]] = []
         for i, (st, toks, par) in enumerate(passes):
             try:
-                t, p = self._checked(st, toks, par, False)
+                t, p = self._checked(st, toks, par, last[i])
                 checked.append((i, self._as_state(st), t, p))
             except Exception as e:  # noqa: BLE001 - this pass's own error
                 results[i] = e
@@ -525,22 +530,24 @@ class LlamaCppBackend(Backend):
                     self._check(st)
                 together = all(st.seq >= 0 for st in states)  # restoring one evicted no other
                 if together:
-                    for (i, _, _, _), rows in zip(checked, self._decode_together(checked), strict=True):
+                    out = self._decode_together(checked, [last[i] for i, _, _, _ in checked])
+                    for (i, _, _, _), rows in zip(checked, out, strict=True):
                         results[i] = rows
                     self.forward_calls += 1
             except Exception:  # noqa: BLE001 - nothing was kept: each pass runs alone below
                 together = False
         if not together:
             for i, st, t, p in checked:
-                results[i] = self._try_extend(st, t, p)
+                results[i] = self._try_extend(st, t, p, last[i])
         return results  # type: ignore[return-value]
 
     def _decode_together(
-        self, checked: list[tuple[int, LlamaCppState, list[int], list[int] | None]]
+        self, checked: list[tuple[int, LlamaCppState, list[int], list[int] | None]], last: list[bool]
     ) -> list[np.ndarray]:
         tokens: list[int] = []
         pos_parts: list[np.ndarray] = []
         tags: list[list[int]] = []
+        rows: list[np.ndarray] = []  # per pass: which of its tokens' logits are computed
         made: list[tuple[list[int], list[list[int]]]] = []  # per pass: its branches, its tags
         try:
             for _, st, toks, par in checked:
@@ -556,18 +563,24 @@ class LlamaCppBackend(Backend):
                     made.append((branches, t))
                 tags += t
                 tokens += toks
+                want = np.zeros(len(toks), dtype=bool)
+                want[-1 if last[len(rows)] else 0 :] = True
+                rows.append(want)
             # one chunk (at most n_batch tokens): a failed decode leaves nothing in the cache
             homes = [st.seq for _, st, _, _ in checked]
-            out = self._run(tokens, np.concatenate(pos_parts), tags, -1, [], protect=homes)
+            out = self._run(
+                tokens, np.concatenate(pos_parts), tags, -1, [], protect=homes, rows=np.concatenate(rows)
+            )
         except BaseException:
             for branches, _ in made:
                 self._drop_branches(branches)
             raise
         results: list[np.ndarray] = []
         at = 0
-        for (_, st, toks, par), (branches, t) in zip(checked, made, strict=True):
-            results.append(out[at : at + len(toks)])
-            at += len(toks)
+        for (_, st, toks, par), (branches, t), want in zip(checked, made, rows, strict=True):
+            m = int(want.sum())
+            results.append(out[at : at + m])
+            at += m
             if par is not None:
                 st.branch_seqs = branches
                 st.node_seq = [x[0] for x in t]
@@ -583,10 +596,12 @@ class LlamaCppBackend(Backend):
         touched: list[int],
         last_only: bool = False,
         protect: Collection[int] = (),
+        rows: np.ndarray | None = None,
     ) -> np.ndarray:
         """Decode ``tokens`` (chunks of ``n_batch``) and return a copy of their logits.
 
-        With ``last_only`` llama.cpp computes (and we copy) only the last token's row. A failed
+        ``rows`` (one bool per token) says which tokens' logits llama.cpp computes and we copy,
+        in order; ``last_only`` is the last token's row alone; neither: every row. A failed
         chunk takes the earlier ones out of the cache again. When the KV cells run out and
         ``restore_evicted`` is on, the least recently used other state (not ``home`` nor a home
         in ``protect``) is evicted and the decode starts again, until it fits or no state is
@@ -597,14 +612,15 @@ class LlamaCppBackend(Backend):
         batch = self._batch
         if batch is None:
             raise RuntimeError("this backend has been closed")
-        out = np.empty((1 if last_only else n, self.vocab_size), dtype=np.float32)
-        a = 0
+        if last_only:
+            rows = np.zeros(n, dtype=bool)
+            rows[-1] = True
+        out = np.empty((n if rows is None else int(rows.sum()), self.vocab_size), dtype=np.float32)
+        a = o = 0
         while a < n:
             k = min(nb, n - a)
-            if last_only:
-                self._b_out[:k] = 0
-                if a + k == n:
-                    self._b_out[k - 1] = 1
+            if rows is not None:
+                self._b_out[:k] = rows[a : a + k]
             self._b_token[:k] = tokens[a : a + k]
             self._b_pos[:k] = pos[a : a + k]
             seq_rows = self._b_seq
@@ -621,6 +637,7 @@ class LlamaCppBackend(Backend):
             rc = self._decode(self._ctx, batch)
             if rc != 0:
                 self._b_out[:] = 1  # logits for every batch token again, as other calls expect
+                o = 0
                 if a:  # earlier chunks are in the cache: take them out again
                     p0 = int(pos.min())
                     for s in touched:
@@ -635,14 +652,14 @@ class LlamaCppBackend(Backend):
                         "or use a larger n_ctx"
                     )
                 raise RuntimeError(f"llama_decode failed with code {rc}{_log_tail()}")
-            if last_only:
+            m = k if rows is None else int(rows[a : a + k].sum())
+            if rows is not None:
                 self._b_out[:k] = 1
-                if a + k == n:
-                    out[0] = np.ctypeslib.as_array(self._get_logits(self._ctx), shape=(1, self.vocab_size))[0]
-            else:
+            if m:
                 ptr = self._get_logits(self._ctx)
-                out[a : a + k] = np.ctypeslib.as_array(ptr, shape=(k, self.vocab_size))
+                out[o : o + m] = np.ctypeslib.as_array(ptr, shape=(m, self.vocab_size))
             a += k
+            o += m
         return out
 
     def _evict_for_cells(self, keep: Collection[int]) -> bool:

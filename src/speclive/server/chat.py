@@ -8,6 +8,9 @@ served model's tokenizer), and vLLM's own speculative decoding does the drafting
 It drives the decoder's ``stepwise`` generator: each verification pass it hands out becomes a
 ``Batched`` request, and the worker runs the passes of all the completions in progress as one
 ``extend_many`` (llama.cpp: one decode over their sequences); a remote engine hands out none.
+A prompt is prefilled the same way, ``PREFILL_CHUNK`` tokens per round (``prefill_rounds``): a
+long prompt's chunks carry the other completions' passes in their decode instead of stopping
+them for the whole prefill, as a continuous-batching server mixes prompt and decode tokens.
 Each request gets its own decoder, hence its own KV state and drafter, over the shared backend;
 the state is released in the iterator's ``finally`` when the generation ends, fails or is
 cancelled, so sessions never see each other's cache. Speculation is on by default (the
@@ -20,7 +23,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
-from speclive.backends.base import Backend
+from speclive.backends.base import Backend, BackendState, common_prefix_len
 from speclive.decoder import GenerationConfig, GenerationStats, VerifyPass, make_decoder
 from speclive.drafting.base import Drafter
 from speclive.engines.vllm import connect
@@ -29,6 +32,10 @@ from speclive.loader import load_backend, make_drafter
 from speclive.server.config import ServerConfig
 from speclive.server.prompt_cache import PromptCache
 from speclive.server.worker import Batched
+
+#: prompt tokens a request prefills per worker round, in the same llama.cpp decode as the
+#: other requests' verification passes (half of ``n_batch``: room is left for theirs)
+PREFILL_CHUNK = 256
 
 #: decoder finish reasons -> OpenAI's
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
@@ -107,11 +114,24 @@ class ChatEngine:
         if self.prompt_cache is not None:
             self.prompt_cache.clear()
 
-    def verify_together(self, passes: list[tuple[Any, list[int], list[int]]]) -> list[Any]:
-        """The verification passes of the completions in progress, as one ``extend_many``."""
+    def verify_together(self, passes: list[tuple[Any, ...]]) -> list[Any]:
+        """The verification passes of the completions in progress, ``(state, tokens,
+        parents)``, and the prompt chunks, ``(state, tokens, None, True)`` (only the cache is
+        wanted), as one ``extend_many``."""
         if self.on_batch is not None:
             self.on_batch(len(passes))
-        return self.backend.extend_many(passes)
+        return self.backend.extend_many([p[:3] for p in passes], [len(p) > 3 for p in passes])
+
+    def prefill_rounds(self, state: BackendState, ids: list[int], fuse: int) -> Generator[Batched, Any, None]:
+        """Bring ``state``'s cache up to ``ids[:-1]`` but its last ``fuse`` tokens (those ride
+        in the first verification pass), ``PREFILL_CHUNK`` tokens per worker round, each chunk
+        decoded together with the other requests' passes: a long prompt does not hold the
+        other completions for its whole prefill, and their tokens ride on its chunks."""
+        pre = ids[:-1]
+        self.backend.truncate(state, common_prefix_len(state.tokens, pre))
+        while len(pre) - len(state.tokens) > fuse:
+            at = len(state.tokens)
+            yield Batched(self.verify_together, (state, pre[at : at + PREFILL_CHUNK], None, True))
 
     @classmethod
     def load(cls, config: ServerConfig) -> ChatEngine:
@@ -175,11 +195,16 @@ class ChatEngine:
             knowledge = KnowledgeStore(self.backend, drafter, self.config.drafter)
         cache = self.prompt_cache
         # with a prompt cache the state is this request's to park when it ends
-        state = None if cache is None else cache.take(ids) or self.backend.new_state()
+        state = None
+        if self.backend.in_process:
+            state = (None if cache is None else cache.take(ids)) or self.backend.new_state()
         dec = make_decoder(self.backend, drafter, knowledge=knowledge, state=state)
-        steps = dec.stepwise(ids, cfg)
         failed = False
+        steps = None
         try:
+            if state is not None:
+                yield from self.prefill_rounds(state, ids, cfg.fuse_prefill)
+            steps = dec.stepwise(ids, cfg)
             reply = None
             while True:
                 try:
@@ -198,7 +223,8 @@ class ChatEngine:
             failed = True  # a failed generation's cache is not kept
             raise
         finally:
-            steps.close()  # the drafter's end() before the state goes
+            if steps is not None:
+                steps.close()  # the drafter's end() before the state goes
             keep = cache is not None and state is not None and not failed
             dec.close(release_state=not keep)
             if keep:
