@@ -70,6 +70,32 @@ def test_no_partial_pass_starts_while_a_pause_may_be_starting():
     assert not pipe._asr_due(turn)
 
 
+def test_a_turn_left_behind_is_freed_without_the_cycle_collector():
+    """Nothing of a turn refers back to it (its streaming recognizer holds the passes, not the
+    turn): when the pipeline lets go of a turn, reference counting frees it and its audio at
+    once. A cycle would keep every turn's audio until Python's cycle collector ran."""
+    import gc
+    import weakref
+
+    from speclive.live.pipeline import LivePipeline
+    from speclive.live.vad import TurnChange
+
+    pipe = LivePipeline(ScriptedTranscriber("one two", 1.0, 0.3), LiveConfig(turn=TurnConfig(pause_s=0.2)))
+    pipe.recent = [np.zeros(SAMPLE_RATE, np.float32)]
+    pipe.received = SAMPLE_RATE
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        pipe._turn_change(TurnChange("start", 0.5, 0.5), 0)
+        turn = weakref.ref(pipe.turn)
+        assert pipe.turn.asr is not None and pipe.turn.audio  # a streaming turn with its audio
+        pipe.turn = None
+        assert turn() is None
+    finally:
+        if was:
+            gc.enable()
+
+
 def test_turn_detector_caps_long_turns_and_validates():
     det = TurnDetector(TurnConfig(max_turn_s=2.0))
     kinds = [c.kind for c in det.feed(_frames(3.0, 0.9))]

@@ -211,7 +211,7 @@ class LivePipeline:
                 partials = self.transcriber.partial_transcriber(self.cfg.stream_partials)
             turn.passes = StreamPasses(self.transcriber, draft=self.cfg.stream_draft, partials=partials)
             if self.cfg.partials:
-                turn.asr = OnlineASR(self._recognizer(turn), StreamConfig(buffer_s=25.0))
+                turn.asr = OnlineASR(self._recognizer(turn.passes), StreamConfig(buffer_s=25.0))
             self.turn = turn
             events.append(SpeechStarted(now, audio_t=ch.audio_t))
             return events + self._on_turn_start(turn)
@@ -347,14 +347,16 @@ class LivePipeline:
         """Whether the subclass's next ``_work`` reads the text signal anyway."""
         return False
 
-    def _recognizer(self, turn: _Turn):
+    @staticmethod
+    def _recognizer(passes: StreamPasses):
         """Streaming passes: each drafted by the hypotheses of the passes before it (the same
         audio and a little more: most of it is accepted in one decoder pass), and a pass that
-        loops is skipped rather than decoded again over Whisper's full window."""
+        loops is skipped rather than decoded again over Whisper's full window. The function
+        holds the turn's passes, not the turn: the turn holds it (``turn.asr``), and a cycle
+        would keep the turn's audio until Python's cycle collector runs, minutes later."""
 
         def recognize(audio: np.ndarray) -> list[Word]:
-            assert turn.passes is not None
-            return spread_words(turn.passes.run(audio).text, audio)
+            return spread_words(passes.run(audio).text, audio)
 
         return recognize
 
