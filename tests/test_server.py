@@ -245,7 +245,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_the_other_streams(srv, monk
     monkeypatch.setattr(engine, "verify_together", recording)
     monkeypatch.setattr(chat_mod, "PREFILL_CHUNK", 64)
     long_prompt = "Summarize these notes in one sentence:\n" + "\n".join(
-        f"- item {i}: the {w} arrived at {i + 7} o'clock" for i, w in enumerate(["parcel", "train", "guest"] * 6)
+        f"- item {i}: the {w} arrived at {i + 7} o'clock"
+        for i, w in enumerate(["parcel", "train", "guest"] * 6)
     )
     assert len(srv.backend.tokenizer.chat(_ask(long_prompt))) > 3 * 64
     n = 24
