@@ -170,6 +170,19 @@ def markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def stamp(res: dict, script: str, argv: list[str] | None, path: Path, source: dict) -> None:
+    """A derived result's provenance and header: the command that made it, this machine, and
+    the result file it was computed from (with that file's machine)."""
+    command = " ".join(["python", f"benchmarks/{script}", *(argv or sys.argv[1:])])
+    res["provenance"] = report.provenance(command)
+    res["header"] = {
+        "machine": report.machine_info(None),
+        "command": command,
+        "source": path.name,
+        "source_machine": source["header"].get("machine"),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("result", type=Path)
@@ -179,16 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.out is not None:
         report.refuse_dirty_results(args.out)
-    command = " ".join(["python", "benchmarks/copy_bound.py", *(argv or sys.argv[1:])])
     source = json.loads(args.result.read_text())
     res = bound(source, args.model_cost, args.alpha)
-    res["provenance"] = report.provenance(command)
-    res["header"] = {
-        "machine": report.machine_info(None),
-        "command": command,
-        "source": args.result.name,
-        "source_machine": source["header"].get("machine"),
-    }
+    stamp(res, "copy_bound.py", argv, args.result, source)
     print(markdown(res))
     if args.out is not None:
         for p in report.write_result_files(res, args.out, f"copy-bound-{args.result.stem}", markdown, None):

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from copy_bound import copy_oracle_cost, copy_runs, curve
+from copy_bound import copy_oracle_cost, copy_runs, curve, stamp
 
 from speclive.loader import tokenizer_for
 from speclive.models.resolve import resolve
@@ -123,17 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.out is not None:
         report.refuse_dirty_results(args.out)
-    command = " ".join(["python", "benchmarks/serve_copy_bound.py", *(argv or sys.argv[1:])])
     source = json.loads(args.result.read_text())
     rows = json.loads(args.curve.read_text())["cost_curves"]["llamacpp"]["rows"]
     tok = tokenizer_for(resolve(source["header"]["target"]))
     res = bound(source, rows, args.set, args.peer, args.reference, tok)
-    res["provenance"] = report.provenance(command)
-    res["header"] = {
-        "machine": report.machine_info(None),
-        "command": command,
-        "source": args.result.name,
-        "source_machine": source["header"].get("machine"),
+    stamp(res, "serve_copy_bound.py", argv, args.result, source)
+    res["header"] |= {
         "curve_source": args.curve.name,
         "set": args.set,
         "peer": args.peer,
