@@ -29,7 +29,7 @@ from fastapi.staticfiles import StaticFiles
 from speclive.server.chat import ChatEngine
 from speclive.server.config import ServerConfig
 from speclive.server.errors import install_error_handlers
-from speclive.server.memory import MemoryTrimmer
+from speclive.server.memory import MemoryTrimmer, freeze_loaded, unfreeze
 from speclive.server.middleware import AuthMiddleware, BodyLimitMiddleware, ObserveMiddleware, route_label
 from speclive.server.openai_api import router as openai_router
 from speclive.server.realtime import router as realtime_router
@@ -96,6 +96,8 @@ def _lifespan(services: Services) -> Callable[[FastAPI], AbstractAsyncContextMan
             trimmer.start()
         if config.preload:
             await services.load_all()
+            frozen = freeze_loaded()  # the models' objects: out of every later collection
+            log.info("%d objects of the loaded models moved out of the cycle collector's way", frozen)
             ws_url = config.url.replace("http", "ws", 1)
             print(
                 f"speclive serve: ready. Open {config.url}/ for the web page (microphone); "
@@ -105,6 +107,8 @@ def _lifespan(services: Services) -> Callable[[FastAPI], AbstractAsyncContextMan
         yield
         if trimmer is not None:
             await trimmer.stop()
+        if config.preload:
+            unfreeze()
         services.close()
 
     return lifespan

@@ -14,6 +14,15 @@ as the ``MALLOC_ARENA_MAX`` variable does); ``speclive serve`` sets it before it
 so the threads that come later share the few arenas there are. ``fix_mmap_threshold`` keeps
 large blocks (audio, logits) out of the arenas altogether.
 
+Python frees an object caught in a reference cycle only when its cycle collector runs, and it
+runs a full collection only once the objects that survived earlier collections have grown by a
+quarter. A loaded server holds a million or more objects from its models' libraries, so full
+collections come minutes apart, and garbage in cycles (a closed connection's traceback, an
+answer's audio held by a frame) piles up in between. ``freeze_loaded`` collects once after the
+models are loaded and moves every object alive then into Python's permanent generation
+(``gc.freeze``): full collections then count and walk only what came after, so they come often
+and stay cheap.
+
 ``MemoryTrimmer`` runs ``malloc_trim(0)`` every ``interval_s`` seconds on a thread of its own
 (it takes the arena locks for a few milliseconds; the event loop keeps serving meanwhile) and
 counts what it released. Off glibc (musl, macOS, Windows) it does nothing: ``available`` is
@@ -26,6 +35,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 from collections.abc import Callable
@@ -120,6 +130,23 @@ def _mallinfo2() -> Callable[[], _MallInfo2] | None:
 
 
 _MALLINFO2 = _mallinfo2()
+
+
+def freeze_loaded() -> int:
+    """Collect, then move every object alive now into the permanent generation (``gc.freeze``):
+    call once the models are loaded. Returns how many objects were frozen."""
+    gc.collect()
+    gc.freeze()
+    # a full collection of the now empty oldest generation: Python counts the survivors of its
+    # last full collection to decide when the next one is due, and that count held the frozen
+    gc.collect()
+    return gc.get_freeze_count()
+
+
+def unfreeze() -> None:
+    """Undo ``freeze_loaded`` (at shutdown: a process that goes on, such as a test run, collects
+    those objects again)."""
+    gc.unfreeze()
 
 
 def heap_bytes() -> dict[str, int]:
