@@ -114,13 +114,13 @@ class ChatEngine:
         if self.prompt_cache is not None:
             self.prompt_cache.clear()
 
-    def verify_together(self, passes: list[tuple[Any, ...]]) -> list[Any]:
-        """The verification passes of the completions in progress, ``(state, tokens,
-        parents)``, and the prompt chunks, ``(state, tokens, None, True)`` (only the cache is
-        wanted), as one ``extend_many``."""
+    def verify_together(self, passes: list[tuple[Any, list[int], list[int] | None, bool]]) -> list[Any]:
+        """The verification passes of the completions in progress, ``(state, tokens, parents,
+        False)``, and the prompt chunks, ``(state, tokens, None, True)`` (only the cache is
+        wanted: the last row alone), as one ``extend_many``."""
         if self.on_batch is not None:
             self.on_batch(len(passes))
-        return self.backend.extend_many([p[:3] for p in passes], [len(p) > 3 for p in passes])
+        return self.backend.extend_many([p[:3] for p in passes], [p[3] for p in passes])
 
     def prefill_rounds(self, state: BackendState, ids: list[int], fuse: int) -> Generator[Batched, Any, None]:
         """Bring ``state``'s cache up to ``ids[:-1]`` but its last ``fuse`` tokens (those ride
@@ -214,7 +214,8 @@ class ChatEngine:
                     break
                 if isinstance(item, VerifyPass):
                     # the worker runs this pass together with the other requests' (one decode)
-                    reply = yield Batched(self.verify_together, (item.state, item.tokens, item.parents))
+                    pass_ = (item.state, item.tokens, item.parents, False)
+                    reply = yield Batched(self.verify_together, pass_)
                 else:
                     reply = None
                     yield ChatDelta(item.text, len(item.tokens), item.drafted, item.accepted)
