@@ -237,6 +237,41 @@ def test_tree_nodes_match_their_branch(
     backend.release(s)
 
 
+def test_a_prompt_tail_in_front_of_a_tree_skips_its_rows(
+    backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int]
+) -> None:
+    """The first verification pass of a request: the prompt's tail as a chain in front of a
+    draft tree, with ``skip`` = the tail's length. Only the tree's rows come back (the tail's
+    LM head is not computed), they equal the rows of the full pass, and keeping a path keeps
+    the tail in the cache."""
+    head, tail = prefix[:-6], prefix[-6:]
+    toks = _tree_tokens(cont)
+    t = len(tail)
+    parents = [i - 1 for i in range(t)] + [p + t if p >= 0 else t - 1 for p in TREE_PARENTS]
+    s, full = backend.new_state(), backend.new_state()
+    for st in (s, full):
+        backend.extend(st, head)
+    got = backend.extend(s, tail + toks, parents, skip=t)
+    want = backend.extend(full, tail + toks, parents)
+    assert got.shape == (len(toks), backend.vocab_size) and want.shape[0] == t + len(toks)
+    assert_close(got, want[t:], "tree rows after a skipped tail")
+    for path in TREE_PATHS:
+        branch = fresh(ref, prefix + [toks[i] for i in path])[-len(path) :]
+        assert_close(got[path], branch, f"tree branch {path} after a skipped tail")
+    backend.keep(s, list(range(t)) + [t + i for i in TREE_PATHS[1]])
+    kept = prefix + [toks[i] for i in TREE_PATHS[1]]
+    assert s.tokens == kept and backend.cache_len(s) == len(kept)
+    assert_close(backend.extend(s, cont[9:11]), fresh(ref, kept + cont[9:11])[-2:], "after keep")
+    # a chain with skip: its later rows; skipping every row is refused
+    c = backend.new_state()
+    assert_close(backend.extend(c, prefix, skip=len(prefix) - 2), fresh(ref, prefix)[-2:], "chain rows")
+    with pytest.raises(ValueError, match="skip"):
+        backend.extend(c, cont[:2], skip=2)
+    assert c.tokens == prefix
+    for st in (s, full, c):
+        backend.release(st)
+
+
 def test_tree_too_many_leaves(backend: LlamaCppBackend, prefix: list[int]) -> None:
     s = backend.new_state()
     backend.extend(s, prefix)
@@ -326,7 +361,7 @@ def test_extend_many_batches_states_as_if_each_ran_alone(
         backend.release(s)
 
 
-def test_extend_many_computes_only_the_last_row_of_a_last_only_pass(
+def test_extend_many_computes_only_the_last_row_of_a_prompt_chunk(
     backend: LlamaCppBackend, ref: LlamaCppBackend, prefix: list[int], cont: list[int], tok: Tokenizer
 ) -> None:
     """A prompt chunk riding in one decode with another state's pass: its last row only (the
@@ -335,7 +370,7 @@ def test_extend_many_computes_only_the_last_row_of_a_last_only_pass(
     a, b = backend.new_state(), backend.new_state()
     backend.extend(a, prefix)
     calls = backend.forward_calls
-    got = backend.extend_many([(a, cont[:3], None), (b, other, None)], last_only=[False, True])
+    got = backend.extend_many([(a, cont[:3], None), (b, other, None)], skip=[0, len(other) - 1])
     assert backend.forward_calls == calls + 1  # one llama.cpp decode for both
     assert [g.shape[0] for g in got] == [3, 1]
     assert_same_choices(got[0], fresh(ref, prefix + cont[:3])[-3:], "full pass beside a last-only one")
@@ -344,7 +379,7 @@ def test_extend_many_computes_only_the_last_row_of_a_last_only_pass(
     after = backend.extend(b, [cont[0]])
     assert_same_choices(after, fresh(ref, other + [cont[0]])[-1:], "after the last-only pass")
     # alone (a state twice cannot share one batch): the same rows
-    got = backend.extend_many([(a, [5], None), (a, [6, 7], None)], last_only=[True, True])
+    got = backend.extend_many([(a, [5], None), (a, [6, 7], None)], skip=[0, 1])
     assert [g.shape[0] for g in got] == [1, 1] and a.tokens == prefix + cont[:3] + [5, 6, 7]
     for s in (a, b):
         backend.release(s)
@@ -616,6 +651,30 @@ def small(gguf: Path, tok: Tokenizer) -> Iterator[LlamaCppBackend]:
     be = LlamaCppBackend(gguf, tok, n_ctx=256, n_threads=THREADS, n_batch=64, max_tree_branches=4)
     yield be
     be.close()
+
+
+def test_passes_beyond_one_batch_are_packed_into_as_few_decodes_as_fit(
+    small: LlamaCppBackend, prefix: list[int], cont: list[int]
+) -> None:
+    """Three passes of 30 tokens on n_batch = 64: two share a decode, the third has its own
+    (not three decodes); a pass longer than a batch runs alone, in chunks; every result is
+    the one it would have alone."""
+    body = (prefix * 4)[:90]
+    a, b, c, d = (small.new_state() for _ in range(4))
+    calls = small.forward_calls
+    got = small.extend_many(
+        [(a, body[:30], None), (b, body[30:60], None), (c, body[60:90], None)], skip=[29, 0, 0]
+    )
+    assert small.forward_calls == calls + 2
+    assert [g.shape[0] for g in got] == [1, 30, 30]
+    assert_close(got[0], fresh(small, body[:30])[-1:], "first of a packed pair")
+    assert_close(got[1], fresh(small, body[30:60]), "second of a packed pair")
+    assert_close(got[2], fresh(small, body[60:90]), "the pass in a decode of its own")
+    got = small.extend_many([(d, body[:70], None), (a, cont[:3], None), (b, cont[:3], None)])
+    assert [g.shape[0] for g in got] == [70, 3, 3] and d.tokens == body[:70]
+    assert_close(got[1], fresh(small, body[:30] + cont[:3])[-3:], "after the long pass")
+    for st in (a, b, c, d):
+        small.release(st)
 
 
 def test_context_overflow(small: LlamaCppBackend, prefix: list[int]) -> None:

@@ -430,10 +430,10 @@ def test_a_restarted_responder_keeps_its_cache_and_answers_as_a_fresh_one(hf_smo
     kept: list[int] = []  # the state's length before each evaluation on it
     extend = hf_smol.extend
 
-    def counting(st, tokens, parents=None, last_only=False):
+    def counting(st, tokens, parents=None, last_only=False, skip=0):
         if st is state:
             kept.append(len(st.tokens))
-        return extend(st, tokens, parents, last_only)
+        return extend(st, tokens, parents, last_only, skip)
 
     monkeypatch.setattr(hf_smol, "extend", counting)
     r.update("And its")

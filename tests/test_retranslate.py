@@ -130,9 +130,9 @@ def test_kv_cache_is_reused_across_updates(hf_smol, stream):
     seen: list[int] = []
     real = hf_smol.extend
 
-    def counting(state, tokens, parents=None, last_only=False):
+    def counting(state, tokens, parents=None, last_only=False, skip=0):
         seen.append(len(tokens))
-        return real(state, tokens, parents, last_only)
+        return real(state, tokens, parents, last_only, skip)
 
     hf_smol.extend = counting
     try:

@@ -228,11 +228,14 @@ class Commit:
 @dataclass
 class VerifyPass:
     """The target pass one step needs: ``tokens`` (a chain, or a tree by ``parents``) after
-    what ``state`` caches. Whoever runs it hands the logits to ``Generation.commit``."""
+    what ``state`` caches, without the logits of its first ``skip`` rows (a prompt tail in
+    front of the draft needs its cache entries only). Whoever runs it hands the logits to
+    ``Generation.commit``."""
 
     state: BackendState
     tokens: list[int]
     parents: list[int]
+    skip: int = 0
 
 
 class Generation:
@@ -271,7 +274,7 @@ class Generation:
         self.context = list(prompt)
         self.pending = prompt[-1]
         self.done = False
-        self._step: tuple[DraftTree, list[int], list[int], float, float, int, int] | None = None
+        self._step: tuple[DraftTree, list[int], list[int], float, float, int, int, int] | None = None
         if self.drafter is not None:
             dec._set_target_threads()
             if dec.knowledge is not None and not dec._knowledge_loaded:
@@ -300,25 +303,27 @@ class Generation:
         t1 = time.perf_counter()
         tokens, parents = tree.rooted(self.pending)
         t = len(self.tail)
-        self._step = (tree, tokens, parents, t0, t1, t, len(state.tokens))
+        # the tail's rows are not wanted, but for a probe's two rows
+        skip = t if self._probe_at is None else self._probe_at
+        self._step = (tree, tokens, parents, t0, t1, t, skip, len(state.tokens))
         if not t:
             return VerifyPass(state, tokens, parents)
         # the prompt tail as a chain in front of the root, in the same pass
         ext_parents = [i - 1 for i in range(t)] + [p + t if p >= 0 else t - 1 for p in parents]
-        return VerifyPass(state, self.tail + tokens, ext_parents)
+        return VerifyPass(state, self.tail + tokens, ext_parents, skip)
 
     def commit(self, logits: np.ndarray) -> StepEvent:
         """Accept from the logits of the pass ``next_pass`` returned; commit; one ``StepEvent``."""
         assert self._step is not None, "commit() needs the logits of next_pass()'s pass"
-        tree, tokens, parents, t0, t1, t, base = self._step
+        tree, tokens, parents, t0, t1, t, skip, base = self._step
         self._step = None
         target, state = self.target, self.dec.state
         if t:
             if self._probe_at is not None:
-                self.dec.probe_prev = np.array(logits[self._probe_at])
-                self.dec.probe_row = np.array(logits[self._probe_at + 1])
+                self.dec.probe_prev = np.array(logits[self._probe_at - skip])
+                self.dec.probe_row = np.array(logits[self._probe_at - skip + 1])
                 self._probe_at = None
-            logits = logits[t:]
+            logits = logits[t - skip :]
             base += t
             self.tail = []
         verdict = self.rule.accept(
@@ -493,7 +498,7 @@ class SpeculativeDecoder:
         gen = self.start(prompt_ids, config, probe)
         try:
             while (p := gen.next_pass()) is not None:
-                yield gen.commit(self.target.extend(p.state, p.tokens, p.parents))
+                yield gen.commit(self.target.extend(p.state, p.tokens, p.parents, skip=p.skip))
         finally:
             self.end(gen)
         return gen.result

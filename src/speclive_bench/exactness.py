@@ -74,9 +74,11 @@ class CallRecorder:
     def __exit__(self, *exc: object) -> None:
         del self.backend.extend, self.backend.truncate  # the class's methods again
 
-    def _extend(self, state: Any, tokens: Any, parents: Any = None, last_only: bool = False) -> np.ndarray:
-        out = self.extend(state, tokens, parents, last_only=last_only)
-        self.calls.setdefault(id(state), []).append(("extend", list(tokens), parents, last_only))
+    def _extend(
+        self, state: Any, tokens: Any, parents: Any = None, last_only: bool = False, skip: int = 0
+    ) -> np.ndarray:
+        out = self.extend(state, tokens, parents, last_only=last_only, skip=skip)
+        self.calls.setdefault(id(state), []).append(("extend", list(tokens), parents, last_only, skip))
         self.last[id(state)] = out[-1].copy()
         return out
 
@@ -89,7 +91,7 @@ class CallRecorder:
         s, row = self.backend.new_state(), None
         for call in self.calls.get(id(state), []):
             if call[0] == "extend":
-                row = self.extend(s, call[1], call[2], last_only=call[3])[-1]
+                row = self.extend(s, call[1], call[2], last_only=call[3], skip=call[4])[-1]
             else:
                 self.truncate(s, call[1])
         self.backend.release(s)

@@ -238,18 +238,24 @@ class Backend(ABC):
         tokens: Sequence[int],
         parents: Sequence[int] | None = None,
         last_only: bool = False,
+        skip: int = 0,
     ) -> np.ndarray:
         """Append ``tokens`` (a chain, or a tree via ``parents``) and return their logits.
 
         ``last_only`` (chains only) returns just the last row, ``[1, vocab]``: a prefill needs
         nothing else, and skipping the LM head over the prompt saves real time on big vocabularies.
+        ``skip`` leaves out the first ``skip`` rows (chain or tree): a prompt's tail that rides
+        in front of a verification pass needs its cache entries, not its logits.
         """
-        toks, plist = self._checked(state, tokens, parents, last_only)
+        toks, plist = self._checked(state, tokens, parents, last_only, skip)
         if not toks:
             return np.zeros((0, self.vocab_size), dtype=np.float32)
         t0 = time.perf_counter()
-        logits = self._extend(state, toks, plist, last_only)
-        if not last_only:  # the cost curve describes verification passes (all rows needed)
+        if skip and not last_only:
+            logits = self._extend_skipping(state, toks, plist, skip)
+        else:
+            logits = self._extend(state, toks, plist, last_only)
+        if not (last_only or skip):  # the cost curve describes verification passes (all rows)
             (state.cost or self.cost).observe(len(toks), time.perf_counter() - t0)
         self.forward_calls += 1
         self._extended(state, toks, plist)
@@ -258,30 +264,42 @@ class Backend(ABC):
     def extend_many(
         self,
         passes: Sequence[tuple[BackendState, Sequence[int], Sequence[int] | None]],
-        last_only: Sequence[bool] | None = None,
+        skip: Sequence[int] | None = None,
     ) -> list[np.ndarray | Exception]:
         """``extend`` for several different states, ``(state, tokens, parents)`` each, with
-        ``last_only`` per pass (default: none): their logits in order, or in the place of a
-        pass that failed, its exception (the other passes are unaffected). Backends that
-        evaluate several sequences in one forward pass (llama.cpp) do so; the result is that of
-        one ``extend`` per pass."""
-        last = list(last_only) if last_only is not None else [False] * len(passes)
-        return [self._try_extend(st, toks, par, lo) for (st, toks, par), lo in zip(passes, last, strict=True)]
+        ``skip`` per pass (default: none; a prompt chunk skips all rows but its last): their
+        logits in order, or in the place of a pass that failed, its exception (the other passes
+        are unaffected). Backends that evaluate several sequences in one forward pass
+        (llama.cpp) do so; the result is that of one ``extend`` per pass."""
+        skips = list(skip) if skip is not None else [0] * len(passes)
+        return [self._try_extend(st, toks, par, k) for (st, toks, par), k in zip(passes, skips, strict=True)]
 
     def _try_extend(
         self,
         state: BackendState,
         tokens: Sequence[int],
         parents: Sequence[int] | None,
-        last_only: bool = False,
+        skip: int = 0,
     ) -> np.ndarray | Exception:
         try:
-            return self.extend(state, tokens, parents, last_only=last_only)
+            return self.extend(state, tokens, parents, skip=skip)
         except Exception as e:  # noqa: BLE001 - handed to the pass's owner
             return e
 
+    def _extend_skipping(
+        self, state: BackendState, tokens: list[int], parents: list[int] | None, skip: int
+    ) -> np.ndarray:
+        """``_extend`` without the first ``skip`` rows; backends that can leave those rows'
+        LM head out (llama.cpp) do so."""
+        return self._extend(state, tokens, parents)[skip:]
+
     def _checked(
-        self, state: BackendState, tokens: Sequence[int], parents: Sequence[int] | None, last_only: bool
+        self,
+        state: BackendState,
+        tokens: Sequence[int],
+        parents: Sequence[int] | None,
+        last_only: bool,
+        skip: int = 0,
     ) -> tuple[list[int], list[int] | None]:
         """``extend``'s argument checks: the tokens as ints and the parents (None for a chain)."""
         if state.pending is not None:
@@ -294,6 +312,8 @@ class Backend(ABC):
                 f"{len(state.tokens)} cached + {len(toks)} new tokens exceed the context window "
                 f"of {self.n_ctx} tokens of model {self.name}"
             )
+        if not 0 <= skip < len(toks):
+            raise ValueError(f"skip={skip} must leave at least one of the {len(toks)} rows")
         bad = [t for t in toks if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")

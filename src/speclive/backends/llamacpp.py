@@ -113,6 +113,10 @@ class LlamaCppState(BackendState):
     _finalizer: Any = field(default=None, repr=False)
 
 
+#: a checked pass of ``extend_many``: its index, state, tokens and parents (None: a chain)
+_Pass = tuple[int, LlamaCppState, list[int], list[int] | None]
+
+
 class LlamaCppBackend(Backend):
     """A GGUF causal LM on llama.cpp implementing the ``Backend`` protocol (module docstring)."""
 
@@ -438,6 +442,22 @@ class LlamaCppBackend(Backend):
     def _extend(
         self, state: BackendState, tokens: list[int], parents: list[int] | None, last_only: bool = False
     ) -> np.ndarray:
+        return self._evaluate(state, tokens, parents, None, last_only)
+
+    def _extend_skipping(
+        self, state: BackendState, tokens: list[int], parents: list[int] | None, skip: int
+    ) -> np.ndarray:
+        return self._evaluate(state, tokens, parents, np.arange(len(tokens)) >= skip)
+
+    def _evaluate(
+        self,
+        state: BackendState,
+        tokens: list[int],
+        parents: list[int] | None,
+        rows: np.ndarray | None,
+        last_only: bool = False,
+    ) -> np.ndarray:
+        """One state's chain or tree, the logits of ``rows`` (as in ``_run``) alone."""
         if type(state) is LlamaCppState and state.seq >= 0 and state.owner == id(self):
             st = state
         else:
@@ -446,12 +466,11 @@ class LlamaCppBackend(Backend):
         base = len(st.tokens)
         n = len(tokens)
         if parents is None:
-            return self._run(
-                tokens, np.arange(base, base + n, dtype=np.int32), None, st.seq, [st.seq], last_only
-            )
+            pos = np.arange(base, base + n, dtype=np.int32)
+            return self._run(tokens, pos, None, st.seq, [st.seq], last_only, rows=rows)
         pos, tags, branches = self._tree_layout(st, tokens, parents)
         try:
-            logits = self._run(tokens, pos, tags, st.seq, branches)
+            logits = self._run(tokens, pos, tags, st.seq, branches, rows=rows)
         except BaseException:
             self._drop_branches(branches)
             raise
@@ -500,50 +519,67 @@ class LlamaCppBackend(Backend):
     def extend_many(
         self,
         passes: Sequence[tuple[BackendState, Sequence[int], Sequence[int] | None]],
-        last_only: Sequence[bool] | None = None,
+        skip: Sequence[int] | None = None,
     ) -> list[np.ndarray | Exception]:
-        """Several states' passes in ONE ``llama_decode``, each on its own sequences (no token
-        attends to another state's cells); ``last_only`` as in ``extend``, per pass (a chunk of
-        a prompt rides along with other states' verification passes). A pass that fails its
-        checks gets its exception and the others still run together; when they do not fit one
-        batch, their states cannot all be resident at once, or the decode fails, each pass runs
-        alone."""
-        last = list(last_only) if last_only is not None else [False] * len(passes)
+        """Several states' passes in one ``llama_decode``, each on its own sequences (no token
+        attends to another state's cells); ``skip`` as in ``extend``, per pass (a chunk of a
+        prompt rides along with other states' verification passes, its last row alone). Passes
+        that do not all fit one batch are packed, in order, into as few decodes as fit
+        (``_batches``). A pass that fails its checks gets its exception and the others still
+        run together; when a group's states cannot all be resident at once, or its decode
+        fails, each of its passes runs alone."""
+        skips = list(skip) if skip is not None else [0] * len(passes)
         results: list[np.ndarray | Exception | None] = [None] * len(passes)
-        checked: list[tuple[int, LlamaCppState, list[int], list[int] | None]] = []
+        checked: list[_Pass] = []
         for i, (st, toks, par) in enumerate(passes):
             try:
-                t, p = self._checked(st, toks, par, last[i])
+                t, p = self._checked(st, toks, par, False, skips[i])
                 checked.append((i, self._as_state(st), t, p))
             except Exception as e:  # noqa: BLE001 - this pass's own error
                 results[i] = e
-        states = [st for _, st, _, _ in checked]
-        together = (
-            len(checked) > 1
-            and sum(len(t) for _, _, t, _ in checked) <= self.n_batch
-            and len({id(st) for st in states}) == len(states)
-            and all(t for _, _, t, _ in checked)
-        )
-        if together:
-            try:
-                for st in states:
-                    self._check(st)
-                together = all(st.seq >= 0 for st in states)  # restoring one evicted no other
-                if together:
-                    out = self._decode_together(checked, [last[i] for i, _, _, _ in checked])
-                    for (i, _, _, _), rows in zip(checked, out, strict=True):
-                        results[i] = rows
-                    self.forward_calls += 1
-            except Exception:  # noqa: BLE001 - nothing was kept: each pass runs alone below
-                together = False
-        if not together:
-            for i, st, t, p in checked:
-                results[i] = self._try_extend(st, t, p, last[i])
+        for group in self._batches(checked):
+            together = len(group) > 1
+            if together:
+                try:
+                    for _, st, _, _ in group:
+                        self._check(st)
+                    together = all(st.seq >= 0 for _, st, _, _ in group)  # restoring one evicted no other
+                    if together:
+                        out = self._decode_together(group, [skips[i] for i, _, _, _ in group])
+                        for (i, _, _, _), rows in zip(group, out, strict=True):
+                            results[i] = rows
+                        self.forward_calls += 1
+                except Exception:  # noqa: BLE001 - nothing was kept: each pass runs alone below
+                    together = False
+            if not together:
+                for i, st, t, p in group:
+                    results[i] = self._try_extend(st, t, p, skips[i])
         return results  # type: ignore[return-value]
 
-    def _decode_together(
-        self, checked: list[tuple[int, LlamaCppState, list[int], list[int] | None]], last: list[bool]
-    ) -> list[np.ndarray]:
+    def _batches(self, checked: list[_Pass]) -> list[list[_Pass]]:
+        """The passes, in order, packed into groups of at most ``n_batch`` tokens that can share
+        one decode (each state once per group); an empty pass or one longer than ``n_batch``
+        is a group of its own (it runs alone, in chunks). Several prompt chunks in one round
+        then cost a decode per batch's worth, not one per pass."""
+        groups: list[list[_Pass]] = []
+        group: list[_Pass] = []
+        size, seen = 0, set()
+        for entry in checked:
+            n, sid = len(entry[2]), id(entry[1])
+            if group and (n == 0 or n > self.n_batch or size + n > self.n_batch or sid in seen):
+                groups.append(group)
+                group, size, seen = [], 0, set()
+            group.append(entry)
+            size += n
+            seen.add(sid)
+            if n == 0 or n > self.n_batch:
+                groups.append(group)
+                group, size, seen = [], 0, set()
+        if group:
+            groups.append(group)
+        return groups
+
+    def _decode_together(self, checked: list[_Pass], skips: list[int]) -> list[np.ndarray]:
         tokens: list[int] = []
         pos_parts: list[np.ndarray] = []
         tags: list[list[int]] = []
@@ -564,7 +600,7 @@ class LlamaCppBackend(Backend):
                 tags += t
                 tokens += toks
                 want = np.zeros(len(toks), dtype=bool)
-                want[-1 if last[len(rows)] else 0 :] = True
+                want[skips[len(rows)] :] = True
                 rows.append(want)
             # one chunk (at most n_batch tokens): a failed decode leaves nothing in the cache
             homes = [st.seq for _, st, _, _ in checked]

@@ -11,6 +11,9 @@ It drives the decoder's ``stepwise`` generator: each verification pass it hands 
 A prompt is prefilled the same way, ``PREFILL_CHUNK`` tokens per round (``prefill_rounds``): a
 long prompt's chunks carry the other completions' passes in their decode instead of stopping
 them for the whole prefill, as a continuous-batching server mixes prompt and decode tokens.
+The last chunk (at most ``PREFILL_CHUNK`` tokens) is not a round of its own: it rides in front
+of the first draft in the first verification pass, so a prompt of one chunk or less gives its
+first token after ONE target pass, as a server that samples from the prefill's last row does.
 Each request gets its own decoder, hence its own KV state and drafter, over the shared backend;
 the state is released in the iterator's ``finally`` when the generation ends, fails or is
 cancelled, so sessions never see each other's cache. Speculation is on by default (the
@@ -114,10 +117,11 @@ class ChatEngine:
         if self.prompt_cache is not None:
             self.prompt_cache.clear()
 
-    def verify_together(self, passes: list[tuple[Any, list[int], list[int] | None, bool]]) -> list[Any]:
+    def verify_together(self, passes: list[tuple[Any, list[int], list[int] | None, int]]) -> list[Any]:
         """The verification passes of the completions in progress, ``(state, tokens, parents,
-        False)``, and the prompt chunks, ``(state, tokens, None, True)`` (only the cache is
-        wanted: the last row alone), as one ``extend_many``."""
+        skip)`` (``skip``: the rows of a prompt tail in front of the first draft), and the
+        prompt chunks, ``(state, tokens, None, len(tokens) - 1)`` (only the cache is wanted:
+        the last row alone), as one ``extend_many``."""
         if self.on_batch is not None:
             self.on_batch(len(passes))
         return self.backend.extend_many([p[:3] for p in passes], [p[3] for p in passes])
@@ -131,7 +135,8 @@ class ChatEngine:
         self.backend.truncate(state, common_prefix_len(state.tokens, pre))
         while len(pre) - len(state.tokens) > fuse:
             at = len(state.tokens)
-            yield Batched(self.verify_together, (state, pre[at : at + PREFILL_CHUNK], None, True))
+            chunk = pre[at : at + PREFILL_CHUNK]
+            yield Batched(self.verify_together, (state, chunk, None, len(chunk) - 1))
 
     @classmethod
     def load(cls, config: ServerConfig) -> ChatEngine:
@@ -187,6 +192,9 @@ class ChatEngine:
             stop=params.stop,
             temperature=params.temperature,
             seed=params.seed,
+            # the last chunk's worth of prompt rides in the first verification pass (its rows'
+            # logits are not computed): the first token comes one target pass after the prompt
+            fuse_prefill=PREFILL_CHUNK,
         )
         drafter = self.new_drafter()
         knowledge = None
@@ -214,7 +222,7 @@ class ChatEngine:
                     break
                 if isinstance(item, VerifyPass):
                     # the worker runs this pass together with the other requests' (one decode)
-                    pass_ = (item.state, item.tokens, item.parents, False)
+                    pass_ = (item.state, item.tokens, item.parents, item.skip)
                     reply = yield Batched(self.verify_together, pass_)
                 else:
                     reply = None
