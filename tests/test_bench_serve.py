@@ -94,3 +94,64 @@ def test_voice_summary_per_concurrency():
     one, four = summarize_voice(recs)
     assert one["predgen"]["median_s"] == 2.0 and one["cascade"]["median_s"] == 4.0 and one["ratio"] == 2.0
     assert four["predgen"] == {"median_s": None, "p90_s": None, "n": 0, "errors": 1} and four["ratio"] is None
+
+
+class _Axes:
+    """Records what ``plot_serve`` draws."""
+
+    def __init__(self) -> None:
+        self.bars: list[list[float]] = []
+        self.ticks: list[str] = []
+        self.ylabel = ""
+
+    def bar(self, xs, heights, width, label=None) -> None:
+        self.bars.append(list(heights))
+
+    def set_xticks(self, positions, labels) -> None:
+        self.ticks = list(labels)
+
+    def set_ylabel(self, text) -> None:
+        self.ylabel = text
+
+    def set_title(self, *a, **k) -> None: ...
+
+    def legend(self, *a, **k) -> None: ...
+
+
+class _Pyplot:
+    def __init__(self) -> None:
+        self.axes: list[_Axes] = []
+
+    def subplots(self, figsize=None):
+        self.axes.append(_Axes())
+        fig = type("Fig", (), {"tight_layout": lambda s: None, "savefig": lambda s, p, dpi=None: None})()
+        return fig, self.axes[-1]
+
+    def close(self, fig) -> None: ...
+
+
+def test_the_plot_shows_the_phases_that_ran(monkeypatch, tmp_path):
+    """--no-single: the 8-client aggregate per server, not an empty realtime chart; 1 client
+    only: one group per prompt set, no empty N-clients group."""
+    from speclive_bench import report
+    from speclive_bench.serve import plot_serve
+
+    plt = _Pyplot()
+    monkeypatch.setattr(report, "_pyplot", lambda: plt)
+    figures = {"latency_p50_s": 1.0, "latency_p99_s": 2.0, "errors": 0}
+    conc = [
+        {"server": "speclive", "aggregate_tok_s": 7.0, **figures},
+        {"server": "llama-server-ngram", "aggregate_tok_s": 8.0, **figures},
+    ]
+    header = {"settings": {"clients": 8, "peers": ["llama-server-ngram"]}, "target": "m"}
+    servers = ("speclive", "llama-server-ngram")
+    plot_serve(tmp_path / "a.png", {"header": header, "summary": summarize([], conc, servers)})
+    ax = plt.axes[-1]
+    assert ax.ylabel == "tokens / s" and ax.ticks == ["8 clients (aggregate)"]
+    assert ax.bars == [[7.0], [8.0]]
+    single = [_req("speclive", "mtbench", "q", 64, 2.0), _req("llama-server-ngram", "mtbench", "q", 64, 4.0)]
+    header = {"settings": {"clients": 0, "peers": ["llama-server-ngram"]}, "target": "m"}
+    plot_serve(tmp_path / "b.png", {"header": header, "summary": summarize(single, [], servers)})
+    ax = plt.axes[-1]
+    assert ax.ticks == ["mtbench, 1 client"] and [len(b) for b in ax.bars] == [1, 1]
+    assert ax.bars[0][0] > ax.bars[1][0] > 0  # speclive's request took half the time

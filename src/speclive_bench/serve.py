@@ -673,10 +673,12 @@ def _voice_table(voice: list[dict[str, Any]]) -> list[str]:
 
 
 def plot_serve(path: Path, result: dict[str, Any]) -> Path:
-    """Bars: median tok/s per prompt set (1 client) and aggregate tok/s (N clients), per server."""
+    """Bars: median tok/s per prompt set (1 client) and aggregate tok/s (N clients), per server,
+    for the phases that ran; the realtime phase's latency when it ran alone."""
     plt = report._pyplot()
     s = result["summary"]
-    if not s["single"]:  # the realtime phase only: voice-to-voice latency per method
+    concurrent = bool(s.get("concurrent"))
+    if not s["single"] and not concurrent:  # the realtime phase only: voice-to-voice latency
         rows = s.get("voice") or []
         fig, ax = plt.subplots(figsize=(6, 3.4))
         w = 0.38
@@ -692,10 +694,11 @@ def plot_serve(path: Path, result: dict[str, Any]) -> Path:
         plt.close(fig)
         return path
     servers = result_servers(result)
-    groups = [*s["single"], f"{result['header']['settings']['clients']} clients"]
+    groups = [f"{g}, 1 client" for g in s["single"]]
+    groups += [f"{result['header']['settings']['clients']} clients (aggregate)"] if concurrent else []
     vals = {
         n: [(s["single"][g].get(n) or {}).get("tok_s") or 0 for g in s["single"]]
-        + [s["concurrent"].get(n, {}).get("aggregate_tok_s", 0)]
+        + ([s["concurrent"].get(n, {}).get("aggregate_tok_s", 0)] if concurrent else [])
         for n in servers
     }
     fig, ax = plt.subplots(figsize=(7 + len(servers), 3.6))
