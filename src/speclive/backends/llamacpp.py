@@ -566,13 +566,14 @@ class LlamaCppBackend(Backend):
         size, seen = 0, set()
         for entry in checked:
             n, sid = len(entry[2]), id(entry[1])
-            if group and (n == 0 or n > self.n_batch or size + n > self.n_batch or sid in seen):
+            alone = n == 0 or n > self.n_batch
+            if group and (alone or size + n > self.n_batch or sid in seen):
                 groups.append(group)
                 group, size, seen = [], 0, set()
             group.append(entry)
             size += n
             seen.add(sid)
-            if n == 0 or n > self.n_batch:
+            if alone:
                 groups.append(group)
                 group, size, seen = [], 0, set()
         if group:
