@@ -532,6 +532,52 @@ def test_a_parked_state_is_evicted_first(gguf: Path, tok: Tokenizer, prefix: lis
         assert a.evicted and not b.evicted
 
 
+def test_an_offloaded_parked_state_frees_its_cells_and_comes_back_with_the_same_logits(
+    gguf: Path, tok: Tokenizer, prefix: list[int]
+) -> None:
+    """``offload_parked``: ``park`` copies the state's cells to host memory and frees them and
+    its home; its next use, or a fork of it, writes the copy back: the same keys and values, so
+    the same logits as before it was parked, with nothing prefilled again."""
+    with LlamaCppBackend(gguf, tok, n_ctx=256, n_threads=THREADS, max_states=2, max_tree_branches=2) as be:
+        be.offload_parked = True
+        n_free = be.n_cells - len(prefix)
+        s = be.new_state()
+        be.extend(s, prefix)
+        want = be.extend(s, [7])
+        be.truncate(s, len(prefix))
+        be.park(s)
+        assert s.seq < 0 and s.saved is not None and be.offloads == 1 and be.cache_len(s) == 0
+        # its cells are free: another state fills all of them, and it had both homes
+        other, third = be.new_state(), be.new_state()
+        be.extend(other, [5] * (n_free + len(prefix) - 1), last_only=True)
+        assert not s.evicted
+        with pytest.raises(ContextOverflowError):  # no room to write it back (restore_evicted off)
+            be.fork(s)
+        with pytest.raises(ContextOverflowError):
+            be.extend(s, [7])
+        assert s.saved is not None and s.seq < 0  # still offloaded: usable once there is room
+        be.release(other)
+        be.release(third)
+        fork = be.fork(s)  # written into the fork's home; the parked state stays in host memory
+        assert s.seq < 0 and s.saved is not None and be.reloads == 1
+        assert np.array_equal(be.extend(fork, [7]), want)
+        got = be.extend(s, [7])  # its own use writes it back and ends the parking
+        assert be.reloads == 2 and s.saved is None and not s.parked and be.cache_len(s) == len(prefix) + 1
+        assert np.array_equal(got, want)
+        # with restore_evicted, writing it back evicts the least recently used state for cells
+        be.restore_evicted = True
+        be.release(fork)
+        be.truncate(s, len(prefix))
+        be.park(s)
+        other = be.new_state()
+        be.extend(other, [5] * (n_free + len(prefix) - 1), last_only=True)
+        assert np.array_equal(be.extend(s, [7]), want)
+        assert other.evicted and be.cell_evictions == 1
+        be.park(s)
+        be.release(s)  # a released offloaded state drops its copy
+        assert s.saved is None and not s.tokens
+
+
 def test_a_chats_next_turn_on_its_parked_state_is_what_a_new_state_gives_on_the_same_calls(
     backend: LlamaCppBackend, tok: Tokenizer
 ) -> None:

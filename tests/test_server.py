@@ -294,6 +294,7 @@ def cached(srv):
         http.close()
     # shut down: the parked states were released, the shared backend is left as it was given
     assert len(app.state.speclive._engines["chat"].prompt_cache) == 0
+    assert not srv.backend.offload_parked
 
 
 def test_a_next_turn_starts_from_the_previous_requests_cache(cached):
@@ -301,8 +302,12 @@ def test_a_next_turn_starts_from_the_previous_requests_cache(cached):
     (its prompt and answer are not prefilled again), and still answers greedily."""
     srv = cached
     first = _ask("Name three primary colors, in one short sentence.")
+    offloads = _metric(srv.http, "speclive_prompt_cache_offloads_total")
     r1 = srv.client.chat.completions.create(model=SMALL, messages=first, max_tokens=24, temperature=0)
     _wait_idle(srv)
+    # the finished request's state waits in host memory, its cells free for the others
+    assert _metric(srv.http, "speclive_prompt_cache_offloads_total") - offloads == 1
+    reloads = _metric(srv.http, "speclive_prompt_cache_reloads_total")
     hits = _metric(srv.http, "speclive_prompt_cache_hits_total")
     reused = _metric(srv.http, "speclive_prompt_cache_reused_tokens_total")
     turn2 = [
@@ -313,6 +318,7 @@ def test_a_next_turn_starts_from_the_previous_requests_cache(cached):
     r2 = srv.client.chat.completions.create(model=SMALL, messages=turn2, max_tokens=24, temperature=0)
     _wait_idle(srv)
     assert _metric(srv.http, "speclive_prompt_cache_hits_total") - hits == 1
+    assert _metric(srv.http, "speclive_prompt_cache_reloads_total") - reloads == 1  # written back
     got = _metric(srv.http, "speclive_prompt_cache_reused_tokens_total") - reused
     assert got >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 2, (got, r1.usage)
     assert got < r2.usage.prompt_tokens

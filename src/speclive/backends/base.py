@@ -20,7 +20,9 @@ Optional features are declared on the class, not probed: ``max_tree_branches`` (
 the leaves of one tree extension, None for none), ``settable_threads`` (``set_threads``
 changes the CPU threads it computes with, ``n_threads``), ``max_states`` (states that hold a
 cache at once before one is evicted, None for no limit; ``restore_evicted`` prefills an
-evicted state again on its next use) and ``reserve_memory`` (take the cache's and buffers' memory now).
+evicted state again on its next use; ``offload_parked`` keeps a parked state's cache in host
+memory instead of the model's cache) and ``reserve_memory`` (take the cache's and buffers'
+memory now).
 ``in_process`` tells a backend from a remote engine that sessions take in its place
 (``speclive.engines.vllm.VLLMEngine`` declares it False and brings its own decode loop,
 ``make_decoder``).
@@ -181,6 +183,9 @@ class Backend(ABC):
     #: an evicted state is prefilled again on its next use instead of failing it (where
     #: ``max_states`` is set)
     restore_evicted: bool = False
+    #: ``park`` copies the state's cache to host memory and frees its place in the model's cache
+    #: (its cells, its home); its next use copies it back (where ``max_states`` is set)
+    offload_parked: bool = False
     #: facts about replaced linear kernels, for benchmark headers (None: none replaced)
     linear_info: dict[str, Any] | None = None
 
@@ -213,8 +218,9 @@ class Backend(ABC):
 
     def park(self, state: BackendState) -> None:
         """Keep ``state``'s cache only while nothing else needs its room: where states evict
-        each other (``max_states``), a parked state is evicted before any other; ``unpark`` or
-        any use of the state ends it. Nothing to do where states never evict."""
+        each other (``max_states``), a parked state is evicted before any other (or, with
+        ``offload_parked``, moved to host memory at once); ``unpark`` or any use of the state
+        ends it. Nothing to do where states never evict."""
 
     def unpark(self, state: BackendState) -> None:
         """``state`` is in use again: evicted only in its turn (least recently used)."""

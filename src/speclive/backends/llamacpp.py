@@ -24,6 +24,14 @@ home and none is free, the least recently used state (a parked one first: ``park
 with ``truncate(state, 0)`` or ``release`` (with ``restore_evicted``, its next use instead
 prefills its tokens again in a new home).
 With ``max_states=1`` every new state thus replaces the previous one (plain sequential use).
+With ``offload_parked``, ``park`` instead copies the state's cells to host memory
+(``llama_state_seq_get_data``, an anonymous mapping) and frees them and its home at once; its
+next use (or a ``fork`` of it) writes them back into free cells (``llama_state_seq_set_data``).
+The copy is of the computed keys and values, so nothing is prefilled again. This matters
+because every decode's attention scans the whole used range of the unified buffer (llama.cpp's
+``n_kv`` is the highest used cell, and its CPU flash-attention kernel reads the mask of every
+cell below it for every query row and head), so cells that parked states hold slow down every
+other state's passes (docs/engine.md).
 States that are garbage collected give their home back automatically. All states share the
 KV cells of the context (``n_cells``, at least ``n_ctx``); running out raises
 ``ContextOverflowError``, except with ``restore_evicted``: then the least recently used other
@@ -40,6 +48,7 @@ bit-identical with, a fresh evaluation (``docs/engine.md``, exactness). The benc
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import warnings
 import weakref
@@ -108,6 +117,9 @@ class LlamaCppState(BackendState):
     last_use: int = 0
     #: parked (``park``): evicted before every state that is not
     parked: bool = False
+    #: the cells of a state parked with ``offload_parked``, copied to host memory (it holds no
+    #: home meanwhile); written back on its next use
+    saved: mmap.mmap | None = field(default=None, repr=False)
     #: id of the backend whose sequences these are (0: none yet)
     owner: int = field(default=0, repr=False)
     _finalizer: Any = field(default=None, repr=False)
@@ -138,6 +150,7 @@ class LlamaCppBackend(Backend):
         n_cells: int | None = None,
         cost_prior: Mapping[int, float] | None = None,
         flash_attn: bool = True,
+        offload_parked: bool = False,
     ) -> None:
         #: llama.cpp's flash attention (off only to compare: see ``_create_context``)
         self.flash_attn = bool(flash_attn)
@@ -146,6 +159,10 @@ class LlamaCppBackend(Backend):
         #: one backend, as the server has
         self.restore_evicted = restore_evicted
         self.restores = 0
+        self.offload_parked = offload_parked
+        #: parked states copied out to host memory, and copies written back into the cache
+        self.offloads = 0
+        self.reloads = 0
         #: states evicted because the KV cells ran out (only with ``restore_evicted``)
         self.cell_evictions = 0
         #: the cost model's cold-start curve t(k)/t(1) (``default_cost_prior``); the caller's
@@ -324,7 +341,19 @@ class LlamaCppBackend(Backend):
         return state
 
     def fork(self, state: BackendState) -> LlamaCppState:
-        st = self._check(state)
+        st = self._as_state(state)
+        if st.seq < 0 and st.saved is not None:
+            # an offloaded state: its copy is written into the fork's home; the state itself
+            # stays in host memory
+            new = LlamaCppState(tokens=list(st.tokens))
+            self._acquire(new)
+            try:
+                self._load(new, st.saved)
+            except BaseException:
+                self._free_home(new)
+                raise
+            return new
+        st = self._check(st)
         if st.pending is not None:
             raise RuntimeError("fork() called while a tree extension is pending: call keep() first")
         self._touch(st)
@@ -350,9 +379,55 @@ class LlamaCppBackend(Backend):
         st.pending = st.pending_parents = None
         st.branch_seqs, st.node_seq = [], []
         st.evicted = st.parked = False
+        st.saved = None
 
     def park(self, state: BackendState) -> None:
-        self._as_state(state).parked = True
+        st = self._as_state(state)
+        st.parked = True
+        if self.offload_parked and st.seq >= 0 and st.tokens and st.pending is None:
+            self._offload(st)
+
+    def _offload(self, st: LlamaCppState) -> None:
+        """Copy the state's cells to host memory, then free them and its home (module
+        docstring); a copy llama.cpp does not complete leaves the state where it was."""
+        lib, ctx = self._lib, self._ctx
+        size = int(lib.llama_state_seq_get_size(ctx, st.seq))
+        if size <= 0:
+            return
+        # an anonymous mapping: its pages go back to the system when the copy is dropped,
+        # whatever the malloc arena would have kept
+        buf = mmap.mmap(-1, size)
+        view = (ctypes.c_uint8 * size).from_buffer(buf)
+        try:
+            done = int(lib.llama_state_seq_get_data(ctx, view, size, st.seq))
+        finally:
+            del view
+        if done != size:
+            buf.close()
+            return
+        self._clear_seqs(st.seq)
+        self._free_home(st)
+        st.saved = buf
+        self.offloads += 1
+
+    def _load(self, st: LlamaCppState, buf: mmap.mmap) -> None:
+        """Write a copy made by ``_offload`` into ``st``'s (new, empty) home; when no free cells
+        take it, the least recently used other states are evicted first (``restore_evicted``),
+        else ``ContextOverflowError``."""
+        lib, size = self._lib, len(buf)
+        view = (ctypes.c_uint8 * size).from_buffer(buf)
+        try:
+            while not lib.llama_state_seq_set_data(self._ctx, view, size, st.seq):
+                if not (self.restore_evicted and self._evict_for_cells({st.seq})):
+                    self._clear_seqs(st.seq)
+                    raise ContextOverflowError(
+                        f"llama.cpp found no free KV cells for the {len(st.tokens)} saved tokens of "
+                        f"a parked state: the {self.n_ctx}-token context of {self.name} is shared "
+                        "by all its states"
+                    )
+        finally:
+            del view
+        self.reloads += 1
 
     def unpark(self, state: BackendState) -> None:
         self._as_state(state).parked = False
@@ -368,6 +443,16 @@ class LlamaCppBackend(Backend):
         """The state, with a home sequence id (re-acquired after a release)."""
         st = self._as_state(state)
         if st.seq < 0:
+            if st.saved is not None:
+                self._acquire(st)
+                try:
+                    self._load(st, st.saved)
+                except BaseException:
+                    self._free_home(st)  # still offloaded: its copy stays
+                    raise
+                st.saved.close()
+                st.saved = None
+                return st
             if st.evicted and self.restore_evicted and st.pending is None:
                 tokens = list(st.tokens)
                 self._acquire(st)
@@ -744,8 +829,9 @@ class LlamaCppBackend(Backend):
     def _truncate(self, state: BackendState, n: int) -> None:
         st = self._as_state(state)
         if st.seq < 0:
-            if n == 0:  # resetting an evicted/released state is always allowed
+            if n == 0:  # resetting an evicted/released/offloaded state is always allowed
                 st.evicted = False
+                st.saved = None
                 return
             self._check(st)  # raises for an evicted state
         if not self._lib.llama_memory_seq_rm(self._mem, st.seq, n, -1):

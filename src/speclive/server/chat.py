@@ -110,12 +110,17 @@ class ChatEngine:
             backend.restore_evicted = True
             if config.prompt_cache and backend.max_states:
                 self.prompt_cache = PromptCache(backend, backend.max_states)
+                # parked states wait in host memory: their cells would slow every pass of
+                # the requests in progress (docs/engine.md); put back as it was by close()
+                self._offload_was = backend.offload_parked
+                backend.offload_parked = True
 
     def close(self) -> None:
         """Release the parked states (after the worker stopped: the backend is not
         thread-safe), so a backend shared beyond this server is left as it was given."""
         if self.prompt_cache is not None:
             self.prompt_cache.clear()
+            self.backend.offload_parked = self._offload_was
 
     def verify_together(self, passes: list[tuple[Any, list[int], list[int] | None, int]]) -> list[Any]:
         """The verification passes of the completions in progress, ``(state, tokens, parents,

@@ -225,3 +225,13 @@ class _KVCollector:
             value=pc.reused_tokens,
         )
         yield GaugeMetricFamily("speclive_prompt_cache_states", "Parked KV states", value=len(pc))
+        yield CounterMetricFamily(
+            "speclive_prompt_cache_offloads",
+            "Parked KV states copied to host memory, their cells freed (llama.cpp)",
+            value=getattr(self.backend, "offloads", 0),
+        )
+        yield CounterMetricFamily(
+            "speclive_prompt_cache_reloads",
+            "Parked KV states written back from host memory into the cache (llama.cpp)",
+            value=getattr(self.backend, "reloads", 0),
+        )
