@@ -3,9 +3,11 @@
 A client of an OpenAI server sends the whole conversation with every request, so a chat's
 next turn repeats the previous prompt and answer before its new message (llama-server keeps
 each slot's last prompt for this; vLLM caches prefix blocks). When a completion ends, its KV
-state is *parked* here instead of released (``Backend.park``): it keeps its cache while nothing
-else needs the room, and the backend evicts parked states before any other, so a realtime
-conversation or a running request never gives way to one.
+state is *parked* here instead of released (``Backend.park``). The server turns on
+``offload_parked``: on llama.cpp a parked state's cache then waits in host memory, holding no
+KV cells or sequence id that a realtime conversation or a running request could need (and whose
+cells would slow their passes); a backend that keeps parked states in place evicts them before
+any other.
 
 A new request starts from the parked state that shares the longest prefix with its prompt
 (at least ``MIN_TOKENS``); the decoder keeps the common part and prefills only the rest
@@ -14,9 +16,9 @@ A new request starts from the parked state that shares the longest prefix with i
 - when that prefix is at least half of what the state holds (a conversation's next turn), the
   request takes the state itself: its conversation has moved on to this request;
 - otherwise (the same prompt asked again, whose earlier answer the state also holds; a system
-  prompt shared with another conversation) the request gets a *fork* of it (``Backend.fork``:
-  on llama.cpp the prefix's cells are shared, not copied) and the parked state stays for its
-  own conversation.
+  prompt shared with another conversation) the request gets a *fork* of it (``Backend.fork``;
+  on llama.cpp the host copy is written into the fork's cells) and the parked state stays for
+  its own conversation.
 
 Greedy answers are those of a fresh state, up to llama.cpp's batch-shape numerics
 (docs/engine.md, exactness).
