@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from speclive_bench import serve as serve_bench
 from speclive_bench.serve import Request, serve_markdown, summarize, summarize_voice
 
 
@@ -155,3 +156,36 @@ def test_the_plot_shows_the_phases_that_ran(monkeypatch, tmp_path):
     ax = plt.axes[-1]
     assert ax.ticks == ["mtbench, 1 client"] and [len(b) for b in ax.bars] == [1, 1]
     assert ax.bars[0][0] > ax.bars[1][0] > 0  # speclive's request took half the time
+
+
+def test_fresh_servers_restart_each_server_right_before_each_of_its_passes():
+    """``--fresh-servers``: every concurrent pass runs on a server started just before it, in
+    the rotated order; without it the servers run all passes as they were started."""
+    events: list[tuple[str, str, int]] = []
+
+    def run_pass(name: str, k: int) -> dict:
+        events.append(("pass", name, k))
+        return {"server": name, "pass": k}
+
+    def restart(name: str, k: int) -> None:
+        events.append(("restart", name, k))
+
+    rows = serve_bench.concurrent_passes(["speclive", "peer"], 3, run_pass, restart)
+    assert [(r["server"], r["pass"]) for r in rows] == [
+        ("speclive", 0),
+        ("peer", 0),
+        ("peer", 1),
+        ("speclive", 1),
+        ("speclive", 2),
+        ("peer", 2),
+    ]
+    assert events[0::2] == [("restart", n, k) for _, n, k in events[1::2]]
+    assert all(e[0] == "pass" for e in events[1::2])
+    events.clear()
+    serve_bench.concurrent_passes(["speclive", "peer"], 1, run_pass)  # at least two passes
+    assert events == [
+        ("pass", "speclive", 0),
+        ("pass", "peer", 0),
+        ("pass", "peer", 1),
+        ("pass", "speclive", 1),
+    ]

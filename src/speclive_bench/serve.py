@@ -25,8 +25,11 @@ cancels the running request when a new one arrives).
   These requests are not streamed: llama-cpp-python's server (0.3.x, with the FastAPI and
   sse-starlette releases installed here) ends a running stream as "disconnected" when a second
   streaming request arrives, even with ``--interrupt_requests False``; whole responses queue.
+  The passes send the same prompts again, which users do not: with ``--fresh-servers`` every
+  server is started again before each of its passes, so nothing one pass cached (speclive's
+  prompt cache, llama-server's slots, its ngram-mod pool) serves the next.
 
-A couple of warm-up requests per server come first and are not counted.
+A couple of warm-up requests per server come first (after every start) and are not counted.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +133,14 @@ class ServeBenchOptions:
         help="run speclive with --prompt-cache (llama-server caches by default)",
         always=True,
     )
+    #: restart every server before each concurrent pass: nothing a server cached in one pass
+    #: (a prompt cache, llama-server's slots, ngram-mod's pool) serves the same prompts again
+    fresh_servers: bool = option(
+        False,
+        "--fresh-servers",
+        help="restart every server before each concurrent pass (no cache carries over)",
+        always=True,
+    )
     #: llama-server's slots (None: --clients)
     slots: int | None = option(None, "--slots", parse=int, help="llama-server's -np (default: --clients)")
     out: Path = report.out_option()
@@ -170,10 +181,17 @@ class Running:
 
 
 def start_server(
-    name: str, cmd: list[str], port: int, log_dir: Path, timeout: float = 600, ready: str = "/v1/models"
+    name: str,
+    cmd: list[str],
+    port: int,
+    log_dir: Path,
+    timeout: float = 600,
+    ready: str = "/v1/models",
+    log_tag: str = "",
 ) -> Running:
-    """Start ``cmd`` and wait until ``GET ready`` answers; its output goes to a log file."""
-    log = log_dir / f"{name.replace('.', '_')}.log"
+    """Start ``cmd`` and wait until ``GET ready`` answers; its output goes to a log file
+    (``<name><log_tag>.log``)."""
+    log = log_dir / f"{name.replace('.', '_')}{log_tag}.log"
     fh = log.open("w")
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
     url = f"http://127.0.0.1:{port}"
@@ -424,6 +442,25 @@ def _voice_phase(url: str, opts: ServeBenchOptions, log: Callable[[str], None]) 
     return records
 
 
+def concurrent_passes(
+    names: Sequence[str],
+    passes: int,
+    run_pass: Callable[[str, int], dict[str, Any]],
+    restart: Callable[[str, int], None] | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[dict[str, Any]]:
+    """At least two passes of every server, the servers' order rotated per pass; ``restart``
+    (``--fresh-servers``) starts a server again right before each of its passes."""
+    rows = []
+    for k in range(max(2, passes)):
+        for name in rotated(names, k):
+            if restart is not None:
+                log(f"restarting {name} for pass {k + 1} ...")
+                restart(name, k)
+            rows.append(run_pass(name, k))
+    return rows
+
+
 def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict[str, Any]:
     from llama_cpp import Llama
 
@@ -445,23 +482,36 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
     cmds = _server_commands(opts, str(gguf), names, sessions)
     servers: dict[str, Running] = {}
     concurrent: list[dict[str, Any]] = []
+    models: dict[str, str] = {}
+    warm = next(iter(opts.prompts.values()), [])[: opts.warmup]
+
+    def start(name: str, log_tag: str = "") -> None:
+        """Start ``name`` and send it the warm-up requests (not counted)."""
+        port, cmd = cmds[name]
+        srv = start_server(name, cmd, port, log_dir, ready=serve_peers.ready_path(name), log_tag=log_tag)
+        servers[name] = srv
+        models[name] = httpx.get(f"{srv.url}/v1/models").json()["data"][0]["id"]
+        for p in warm:
+            chat_stream(srv.url, models[name], p, opts.max_tokens, count)
+
+    def restart(name: str, k: int) -> None:
+        stop_server(servers.pop(name))
+        start(name, f"-pass{k + 1}")
+
+    def run_pass(name: str, k: int) -> dict[str, Any]:
+        log(f"{opts.clients} clients on {name}, pass {k + 1} ...")
+        return _concurrent(servers[name], models[name], all_prompts, opts.clients, opts, count, k)
+
     try:
         for name in names:
             log(f"starting {name} ...")
-            port, cmd = cmds[name]
-            servers[name] = start_server(name, cmd, port, log_dir, ready=serve_peers.ready_path(name))
-        models = {n: httpx.get(f"{s.url}/v1/models").json()["data"][0]["id"] for n, s in servers.items()}
-        warm = next(iter(opts.prompts.values()), [])[: opts.warmup]
-        for name, srv in servers.items():
-            for p in warm:
-                chat_stream(srv.url, models[name], p, opts.max_tokens, count)
+            start(name)
         single = _single_client(servers, models, opts, count, log) if opts.single else []
         all_prompts = [p for v in opts.prompts.values() for p in v]
-        for k in range(max(2, opts.passes)) if opts.prompts and opts.clients else ():
-            for name in rotated(names, k):
-                log(f"{opts.clients} clients on {name}, pass {k + 1} ...")
-                row = _concurrent(servers[name], models[name], all_prompts, opts.clients, opts, count, k)
-                concurrent.append(row)
+        if opts.prompts and opts.clients:
+            concurrent = concurrent_passes(
+                names, opts.passes, run_pass, restart if opts.fresh_servers else None, log
+            )
         voice = _voice_phase(servers["speclive"].url, opts, log) if opts.voice_questions else []
     finally:
         for srv in servers.values():
@@ -589,6 +639,7 @@ def _serve_settings(opts: ServeBenchOptions, sessions: int) -> dict[str, Any]:
         "voice_concurrency": list(opts.voice_sessions),  # the key earlier results use
         "speclive_max_sessions": sessions,
         "speclive_prompt_cache": opts.prompt_cache,
+        "fresh_servers": opts.fresh_servers,
     }
 
 
@@ -636,7 +687,13 @@ def serve_markdown(result: dict[str, Any]) -> str:
             f"every server, order rotated per prompt, {passes} pass(es); ratios paired per prompt and "
             "pass, 95 % bootstrap intervals in brackets. *Concurrent*: the clients share all prompts, "
             "whole (not streamed) responses; each server measured once per pass (at least two, order "
-            "rotated), the passes averaged and their requests pooled.",
+            "rotated), the passes averaged and their requests pooled."
+            + (
+                " Every server was started again before each of its passes (`--fresh-servers`):"
+                " nothing cached in one pass served the next."
+                if h["settings"].get("fresh_servers")
+                else ""
+            ),
             "",
             *([*single_table(s["single"], servers), ""] if s["single"] else []),
             *concurrent_table(s["concurrent"], servers, h["settings"]["clients"]),
