@@ -578,6 +578,23 @@ def test_an_offloaded_parked_state_frees_its_cells_and_comes_back_with_the_same_
         assert s.saved is None and not s.tokens
 
 
+def test_offloaded_copies_stay_within_the_size_of_the_kv_buffer(gguf: Path, tok: Tokenizer) -> None:
+    """Host memory for parked states is bounded as the cells are: a state whose copy would take
+    the copies past the KV buffer's size stays parked in its cells."""
+    with LlamaCppBackend(gguf, tok, n_ctx=256, n_threads=THREADS, max_states=3, max_tree_branches=2) as be:
+        be.offload_parked = True
+        a, b = be.new_state(), be.new_state()
+        be.extend(a, [5] * 200, last_only=True)
+        be.park(a)
+        be.extend(b, [6] * 60, last_only=True)
+        be.park(b)  # 260 tokens' copies > 256 cells
+        assert a.saved is not None and a.seq < 0
+        assert b.saved is None and b.seq >= 0 and b.parked and be.offloads == 1
+        be.release(a)
+        be.park(b)  # room again
+        assert b.saved is not None and b.seq < 0 and be.offloads == 2
+
+
 def test_a_chats_next_turn_on_its_parked_state_is_what_a_new_state_gives_on_the_same_calls(
     backend: LlamaCppBackend, tok: Tokenizer
 ) -> None:

@@ -27,7 +27,9 @@ With ``max_states=1`` every new state thus replaces the previous one (plain sequ
 With ``offload_parked``, ``park`` instead copies the state's cells to host memory
 (``llama_state_seq_get_data``, an anonymous mapping) and frees them and its home at once; its
 next use (or a ``fork`` of it) writes them back into free cells (``llama_state_seq_set_data``).
-The copy is of the computed keys and values, so nothing is prefilled again. This matters
+The copy is of the computed keys and values, so nothing is prefilled again. The copies together
+stay within the size of the KV buffer itself (a parked state past that waits in its cells, as
+without offloading), so host memory is bounded as the cells are. This matters
 because every decode's attention scans the whole used range of the unified buffer (llama.cpp's
 ``n_kv`` is the highest used cell, and its CPU flash-attention kernel reads the mask of every
 cell below it for every query row and head), so cells that parked states hold slow down every
@@ -163,6 +165,8 @@ class LlamaCppBackend(Backend):
         #: parked states copied out to host memory, and copies written back into the cache
         self.offloads = 0
         self.reloads = 0
+        #: the states whose cells wait in host memory now (their copies' bytes: ``_offloaded_bytes``)
+        self._offloaded: weakref.WeakValueDictionary[int, LlamaCppState] = weakref.WeakValueDictionary()
         #: states evicted because the KV cells ran out (only with ``restore_evicted``)
         self.cell_evictions = 0
         #: the cost model's cold-start curve t(k)/t(1) (``default_cost_prior``); the caller's
@@ -392,7 +396,8 @@ class LlamaCppBackend(Backend):
         docstring); a copy llama.cpp does not complete leaves the state where it was."""
         lib, ctx = self._lib, self._ctx
         size = int(lib.llama_state_seq_get_size(ctx, st.seq))
-        if size <= 0:
+        # the copies' budget: what the KV buffer's cells hold, at this copy's bytes per token
+        if size <= 0 or self._offloaded_bytes() + size > size * self.n_cells // len(st.tokens):
             return
         # an anonymous mapping: its pages go back to the system when the copy is dropped,
         # whatever the malloc arena would have kept
@@ -408,7 +413,11 @@ class LlamaCppBackend(Backend):
         self._clear_seqs(st.seq)
         self._free_home(st)
         st.saved = buf
+        self._offloaded[id(st)] = st
         self.offloads += 1
+
+    def _offloaded_bytes(self) -> int:
+        return sum(len(s.saved) for s in list(self._offloaded.values()) if s.saved is not None)
 
     def _load(self, st: LlamaCppState, buf: mmap.mmap) -> None:
         """Write a copy made by ``_offload`` into ``st``'s (new, empty) home; when no free cells
