@@ -305,7 +305,11 @@ def test_a_next_turn_starts_from_the_previous_requests_cache(cached):
     offloads = _metric(srv.http, "speclive_prompt_cache_offloads_total")
     r1 = srv.client.chat.completions.create(model=SMALL, messages=first, max_tokens=24, temperature=0)
     _wait_idle(srv)
-    # the finished request's state waits in host memory, its cells free for the others
+    # the finished request's state waits in host memory, its cells free for the others (the
+    # worker parks it as it closes the generation, which may come after the response)
+    deadline = time.time() + 30
+    while _metric(srv.http, "speclive_prompt_cache_offloads_total") == offloads and time.time() < deadline:
+        time.sleep(0.05)
     assert _metric(srv.http, "speclive_prompt_cache_offloads_total") - offloads == 1
     reloads = _metric(srv.http, "speclive_prompt_cache_reloads_total")
     hits = _metric(srv.http, "speclive_prompt_cache_hits_total")
