@@ -350,12 +350,7 @@ class LlamaCppBackend(Backend):
             # an offloaded state: its copy is written into the fork's home; the state itself
             # stays in host memory
             new = LlamaCppState(tokens=list(st.tokens))
-            self._acquire(new)
-            try:
-                self._load(new, st.saved)
-            except BaseException:
-                self._free_home(new)
-                raise
+            self._load(new, st.saved)
             return new
         st = self._check(st)
         if st.pending is not None:
@@ -420,20 +415,25 @@ class LlamaCppBackend(Backend):
         return sum(len(s.saved) for s in list(self._offloaded.values()) if s.saved is not None)
 
     def _load(self, st: LlamaCppState, buf: mmap.mmap) -> None:
-        """Write a copy made by ``_offload`` into ``st``'s (new, empty) home; when no free cells
-        take it, the least recently used other states are evicted first (``restore_evicted``),
-        else ``ContextOverflowError``."""
+        """Give ``st`` (holding no home) a home and write a copy made by ``_offload`` into it;
+        when no free cells take it, the least recently used other states are evicted first
+        (``restore_evicted``), else ``ContextOverflowError``; on any failure ``st`` holds no
+        home again."""
+        self._acquire(st)
         lib, size = self._lib, len(buf)
         view = (ctypes.c_uint8 * size).from_buffer(buf)
         try:
             while not lib.llama_state_seq_set_data(self._ctx, view, size, st.seq):
                 if not (self.restore_evicted and self._evict_for_cells({st.seq})):
-                    self._clear_seqs(st.seq)
                     raise ContextOverflowError(
                         f"llama.cpp found no free KV cells for the {len(st.tokens)} saved tokens of "
                         f"a parked state: the {self.n_ctx}-token context of {self.name} is shared "
                         "by all its states"
                     )
+        except BaseException:
+            self._clear_seqs(st.seq)
+            self._free_home(st)
+            raise
         finally:
             del view
         self.reloads += 1
@@ -453,12 +453,7 @@ class LlamaCppBackend(Backend):
         st = self._as_state(state)
         if st.seq < 0:
             if st.saved is not None:
-                self._acquire(st)
-                try:
-                    self._load(st, st.saved)
-                except BaseException:
-                    self._free_home(st)  # still offloaded: its copy stays
-                    raise
+                self._load(st, st.saved)  # on failure still offloaded: its copy stays
                 st.saved.close()
                 st.saved = None
                 return st
