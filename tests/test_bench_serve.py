@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from speclive_bench import serve as serve_bench
 from speclive_bench.serve import Request, serve_markdown, summarize, summarize_voice
 
@@ -189,3 +191,33 @@ def test_fresh_servers_restart_each_server_right_before_each_of_its_passes():
         ("pass", "peer", 1),
         ("pass", "speclive", 1),
     ]
+
+
+def test_speclive_starts_with_knowledge_private_to_the_run(tmp_path):
+    """The speclive server of a run saves its drafters' knowledge in the run's own directory
+    (so it starts from the priors, not from what earlier runs taught it); peers get no such
+    variable."""
+    import sys
+
+    from speclive.knowledge import DIR_ENV
+    from speclive.server.inproc import free_port
+
+    assert serve_bench.server_env("llama-server-ngram", tmp_path) is None
+    env = serve_bench.server_env("speclive", tmp_path)
+    assert env is not None and Path(env[DIR_ENV]).parent == tmp_path
+    port = free_port()
+    # a stand-in server: prints the variable it was started with, answers GET /v1/models
+    script = (
+        "import http.server, os, sys\n"
+        f"print(os.environ.get({DIR_ENV!r}), flush=True)\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers(); self.wfile.write(b'{}')\n"
+        "    def log_message(self, *a): pass\n"
+        f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n"
+    )
+    srv = serve_bench.start_server(
+        "speclive", [sys.executable, "-c", script], port, tmp_path, timeout=30, env=env
+    )
+    serve_bench.stop_server(srv)
+    assert srv.log.read_text().splitlines()[0] == env[DIR_ENV]

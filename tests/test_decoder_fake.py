@@ -215,3 +215,48 @@ def test_the_fake_translation_prompt_shape():
     out = reference_greedy(ids, 24)
     assert len(out) == 3 and EOS not in out  # one output word per source word, then EOS
     s.close()
+
+
+class _TruthDrafter(Drafter):
+    """Drafts the true next two tokens and records the seconds of every step's feedback."""
+
+    name = "truth"
+
+    def __init__(self) -> None:
+        super().__init__(AdaptiveLength(AdaptiveConfig(fixed=True)))
+        self.seconds: list[float | None] = []
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        return DraftTree.chain(reference_greedy(list(context), 2, eos=False)[:budget], source=self.name)
+
+    def feedback(self, step) -> None:
+        self.seconds.append(step.seconds)
+
+
+def test_a_steps_measured_time_is_its_own_pass_not_the_callers_other_work():
+    """The drafter learns its step cost from drafting, its own pass and accepting: a caller
+    that runs other work between handing out a pass and sending its logits (the server's
+    worker serving other requests) does not make drafting look dearer; a pass that shared a
+    decode with other states' passes is no measurement at all."""
+    import time
+
+    lm = ContextLM()
+    d = _TruthDrafter()
+    dec = SpeculativeDecoder(lm, d)
+    steps = dec.stepwise([5, 9, 11, 4], GenerationConfig(max_tokens=9, ignore_eos=True, fuse_prefill=0))
+    item, n = next(steps), 0
+    while True:
+        n += 1
+        time.sleep(0.05)  # other requests' work on the worker
+        logits = lm.extend(item.state, item.tokens, item.parents, skip=item.skip)
+        if n % 2 == 0:
+            item.state.pass_s = None  # what a shared decode leaves behind
+        steps.send(logits)  # -> this step's event
+        try:
+            item = next(steps)
+        except StopIteration:
+            break
+    assert len(d.seconds) == n >= 3
+    alone, shared = d.seconds[0::2], d.seconds[1::2]
+    assert all(s is not None and 0 < s < 0.05 for s in alone), alone
+    assert all(s is None for s in shared), shared

@@ -350,6 +350,10 @@ def test_extend_many_batches_states_as_if_each_ran_alone(
     assert_same_choices(got[2], fresh(ref, other[:5]), "empty state in a batch")
     # each state's cache is its own: a chain committed, a tree pending until keep()
     assert a.tokens == prefix + cont[:4] and b.pending == toks and c.tokens == other[:5]
+    # a shared decode's time is no state's own; a pass alone is timed
+    assert a.pass_s is None and b.pass_s is None and c.pass_s is None
+    backend.extend(c, other[5:7])
+    assert c.pass_s is not None and c.pass_s > 0
     backend.keep(b, [0, 3, 4])
     kept = other + [toks[0], toks[3], toks[4]]
     more = cont[9:11]

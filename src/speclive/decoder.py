@@ -315,6 +315,7 @@ class Generation:
     def commit(self, logits: np.ndarray) -> StepEvent:
         """Accept from the logits of the pass ``next_pass`` returned; commit; one ``StepEvent``."""
         assert self._step is not None, "commit() needs the logits of next_pass()'s pass"
+        tc = time.perf_counter()
         tree, tokens, parents, t0, t1, t, skip, base = self._step
         self._step = None
         target, state = self.target, self.dec.state
@@ -344,8 +345,11 @@ class Generation:
         accepted_nodes = [i - 1 for i in verdict.path[1:]]
         new = [tree.tokens[i] for i in accepted_nodes] + [verdict.bonus]
         if self.drafter is not None and len(tree):
-            # a step that also carried the prompt tail is no drafting measurement
-            seconds = None if t else t2 - t0
+            # the step's own time: drafting, its pass and accepting (not other work the caller
+            # ran in between); a step that also carried the prompt tail, or whose pass shared a
+            # decode with other states', is no drafting measurement
+            own = state.pass_s
+            seconds = None if t or own is None else (t1 - t0) + own + (t2 - tc)
             self.drafter.feedback(StepFeedback(tree, accepted_nodes, verdict.bonus, seconds, len(new)))
         ev = self.commit_.step(new, tree, accepted_nodes, t1 - t0, t2 - t1)
         self.context.extend(ev.tokens)

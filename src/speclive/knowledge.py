@@ -5,7 +5,8 @@ bucket, the measured/modelled cost scale and the draft/target step-cost ratio; t
 learn their verification-cost curve t(k). A new process (one ``speclive generate`` per prompt,
 a server's first request) would start all of that from the priors again. ``KnowledgeStore``
 keeps it per (target model, backend, drafter, machine) in one JSON file under
-``$SPECLIVE_HOME/knowledge/`` (default ``~/.cache/speclive/knowledge``): loaded before the first
+``$SPECLIVE_HOME/knowledge/`` (default ``~/.cache/speclive/knowledge``; ``$SPECLIVE_KNOWLEDGE_DIR``
+names another directory): loaded before the first
 draft, saved after each generation, written atomically (a temporary file, then ``os.replace``),
 so the second process starts where the first stopped. Concurrent writers do not corrupt a
 file; the last one to finish wins.
@@ -37,6 +38,9 @@ from speclive.models.install import speclive_home
 VERSION = 1
 #: environment variable that turns saved knowledge off (any value but "" / "0")
 ENV_OFF = "SPECLIVE_NO_KNOWLEDGE"
+#: environment variable naming another directory for the knowledge files (a benchmark gives
+#: each run its own, so no run starts from what earlier ones on the machine learned)
+DIR_ENV = "SPECLIVE_KNOWLEDGE_DIR"
 
 
 def _stderr(msg: str) -> None:
@@ -44,8 +48,10 @@ def _stderr(msg: str) -> None:
 
 
 def knowledge_dir() -> Path:
-    """Where knowledge files live: ``$SPECLIVE_HOME/knowledge``."""
-    return speclive_home() / "knowledge"
+    """Where knowledge files live: ``$SPECLIVE_KNOWLEDGE_DIR`` when set, else
+    ``$SPECLIVE_HOME/knowledge``."""
+    named = os.environ.get(DIR_ENV, "")
+    return Path(named).expanduser() if named else speclive_home() / "knowledge"
 
 
 def disabled_by_env() -> bool:

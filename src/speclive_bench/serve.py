@@ -55,6 +55,7 @@ import numpy as np
 
 from speclive.common_options import drafter_option, max_tokens_option, model_option, threads_option
 from speclive.errors import ConfigError
+from speclive.knowledge import DIR_ENV
 from speclive.loader import DEFAULT_MODEL
 from speclive.models.resolve import resolve
 from speclive.options import OptionSet, option
@@ -188,12 +189,15 @@ def start_server(
     timeout: float = 600,
     ready: str = "/v1/models",
     log_tag: str = "",
+    env: dict[str, str] | None = None,
 ) -> Running:
-    """Start ``cmd`` and wait until ``GET ready`` answers; its output goes to a log file
-    (``<name><log_tag>.log``)."""
+    """Start ``cmd`` (``env``: variables added to this process's) and wait until ``GET ready``
+    answers; its output goes to a log file (``<name><log_tag>.log``)."""
     log = log_dir / f"{name.replace('.', '_')}{log_tag}.log"
     fh = log.open("w")
-    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
+    proc = subprocess.Popen(
+        cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1", **(env or {})}
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -488,7 +492,15 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
     def start(name: str, log_tag: str = "") -> None:
         """Start ``name`` and send it the warm-up requests (not counted)."""
         port, cmd = cmds[name]
-        srv = start_server(name, cmd, port, log_dir, ready=serve_peers.ready_path(name), log_tag=log_tag)
+        srv = start_server(
+            name,
+            cmd,
+            port,
+            log_dir,
+            ready=serve_peers.ready_path(name),
+            log_tag=log_tag,
+            env=server_env(name, log_dir),
+        )
         servers[name] = srv
         models[name] = httpx.get(f"{srv.url}/v1/models").json()["data"][0]["id"]
         for p in warm:
@@ -528,6 +540,14 @@ def run_serve_bench(opts: ServeBenchOptions, log: Callable[[str], None]) -> dict
         "voice": voice,
         "summary": summarize(single, concurrent, names) | {"voice": summarize_voice(voice)},
     }
+
+
+def server_env(name: str, run_dir: Path) -> dict[str, str] | None:
+    """Variables a server of the run starts with: speclive's saved knowledge (what its drafters
+    learn across requests) lives in ``run_dir``, so it starts from the priors in every run and
+    stays within it (across its passes and restarts, as a server's does); a run never starts
+    from what earlier runs on the machine taught the drafters."""
+    return {DIR_ENV: str(run_dir / "speclive-knowledge")} if name == "speclive" else None
 
 
 def server_names(opts: ServeBenchOptions) -> tuple[str, ...]:
@@ -640,6 +660,7 @@ def _serve_settings(opts: ServeBenchOptions, sessions: int) -> dict[str, Any]:
         "speclive_max_sessions": sessions,
         "speclive_prompt_cache": opts.prompt_cache,
         "fresh_servers": opts.fresh_servers,
+        "speclive_knowledge": "private to the run, empty at its start",
     }
 
 
@@ -692,6 +713,12 @@ def serve_markdown(result: dict[str, Any]) -> str:
                 " Every server was started again before each of its passes (`--fresh-servers`):"
                 " nothing cached in one pass served the next."
                 if h["settings"].get("fresh_servers")
+                else ""
+            )
+            + (
+                " speclive's drafters learn across requests (saved knowledge); that knowledge"
+                " started empty (the priors) in a directory private to this run."
+                if h["settings"].get("speclive_knowledge")
                 else ""
             ),
             "",

@@ -64,6 +64,10 @@ class BackendState:
     #: ``cost``): a decoder that runs the target on other threads while it drafts keeps the
     #: curve of that thread count apart without touching the shared backend
     cost: CostModel | None = None
+    #: seconds of this state's last ``extend``, or None when its last pass shared one decode
+    #: with other states' passes (llama.cpp's ``extend_many``): such a decode's time is not
+    #: this state's to learn its own step cost from
+    pass_s: float | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -261,8 +265,9 @@ class Backend(ABC):
             logits = self._extend_skipping(state, toks, plist, skip)
         else:
             logits = self._extend(state, toks, plist, last_only)
+        state.pass_s = time.perf_counter() - t0
         if not (last_only or skip):  # the cost curve describes verification passes (all rows)
-            (state.cost or self.cost).observe(len(toks), time.perf_counter() - t0)
+            (state.cost or self.cost).observe(len(toks), state.pass_s)
         self.forward_calls += 1
         self._extended(state, toks, plist)
         return logits

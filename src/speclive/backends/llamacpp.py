@@ -635,8 +635,9 @@ class LlamaCppBackend(Backend):
                     together = all(st.seq >= 0 for _, st, _, _ in group)  # restoring one evicted no other
                     if together:
                         out = self._decode_together(group, [skips[i] for i, _, _, _ in group])
-                        for (i, _, _, _), rows in zip(group, out, strict=True):
+                        for (i, st, _, _), rows in zip(group, out, strict=True):
                             results[i] = rows
+                            st.pass_s = None  # the decode was shared: no time of its own
                         self.forward_calls += 1
                 except Exception:  # noqa: BLE001 - nothing was kept: each pass runs alone below
                     together = False

@@ -329,8 +329,9 @@ class StepFeedback:
     accepted: Sequence[int]
     #: the target's token after the accepted path
     bonus: int
-    #: wall time of the step (drafting + verification); None when the step is no drafting
-    #: measurement (it also evaluated a prompt tail)
+    #: time of the step (drafting, its own target pass, accepting); None when the step is no
+    #: drafting measurement (it also evaluated a prompt tail, or its pass shared a decode with
+    #: other states' passes)
     seconds: float | None = None
     #: tokens the step committed (accepted + bonus)
     committed: int = 1
