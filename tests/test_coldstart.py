@@ -194,6 +194,13 @@ def test_knowledge_reset_and_cli(tmp_path, monkeypatch, capsys):
     assert "drafter=ngram" in capsys.readouterr().out
     assert main(["knowledge", "reset"]) == 0
     assert entries() == []
+    capsys.readouterr()
+    # SPECLIVE_KNOWLEDGE_DIR names another directory (a benchmark run's own)
+    monkeypatch.setenv("SPECLIVE_KNOWLEDGE_DIR", str(tmp_path / "run"))
+    _learned_ngram(tmp_path / "run")
+    assert len(entries()) == 1
+    assert main(["knowledge", "path"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "run")
 
 
 def test_model_drafter_gate_in_a_second_process(tmp_path):
