@@ -5,10 +5,10 @@ bucket, the measured/modelled cost scale and the draft/target step-cost ratio; t
 learn their verification-cost curve t(k). A new process (one ``speclive generate`` per prompt,
 a server's first request) would start all of that from the priors again. ``KnowledgeStore``
 keeps it per (target model, backend, drafter, machine) in one JSON file under
-``$SPECLIVE_HOME/knowledge/`` (default ``~/.cache/speclive/knowledge``; ``$SPECLIVE_KNOWLEDGE_DIR``
-names another directory): loaded before the first
-draft, saved after each generation, written atomically (a temporary file, then ``os.replace``),
-so the second process starts where the first stopped. Concurrent writers do not corrupt a
+``$SPECLIVE_HOME/knowledge/`` (default ``~/.cache/speclive/knowledge``;
+``$SPECLIVE_KNOWLEDGE_DIR`` names another directory): loaded before the first draft, saved
+after each generation, written atomically (a temporary file, then ``os.replace``), so the
+second process starts where the first stopped. Concurrent writers do not corrupt a
 file; the last one to finish wins.
 
 A file that cannot be read, is of another format version or does not fit the drafter is
