@@ -222,10 +222,11 @@ def test_concurrent_streams_keep_their_own_state(srv):
     for prompt, text in zip(EXACT_PROMPTS, texts, strict=True):
         _assert_greedy(srv, prompt, text, n)
     _wait_idle(srv)
-    # the streams' verification passes ran together: fewer target decodes than passes
+    # the streams' verification passes ran together: fewer target decodes than passes (the
+    # streams arrive a few passes apart and each needs only a dozen or so: not 3 per decode)
     batches = _metric(srv.http, "speclive_verify_batch_size_count") - batches
     passes = _metric(srv.http, "speclive_verify_batch_size_sum") - passes
-    assert batches and passes / batches > 1.5, (batches, passes)
+    assert batches and passes / batches > 1.3, (batches, passes)
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_beside_the_other_streams(srv, monkeypatch):

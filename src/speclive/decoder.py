@@ -19,14 +19,14 @@ pass out to the caller (the server batches the passes of several requests) where
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from speclive.acceptance import AcceptanceRule, GreedyRule, SpeculativeSamplingRule
-from speclive.backends.base import Backend, BackendState, CostModel, common_prefix_len
+from speclive.backends.base import Backend, BackendState, CostCurve, CostModel, common_prefix_len
 from speclive.drafting.base import Drafter, StepFeedback, TargetView
 from speclive.drafting.tree import DraftTree
 from speclive.errors import ConfigError, ContextOverflowError
@@ -281,7 +281,10 @@ class Generation:
                 dec._knowledge_loaded = True
                 dec.knowledge.load()
             # the drafter reads the cost curve of the threads the target computes with now
-            self.drafter.start(TargetView.of(target, dec.state.cost), self.context)
+            curve: CostCurve = dec.state.cost or target.cost
+            if dec.plan_cost is not None:
+                curve = dec.plan_cost(curve)
+            self.drafter.start(TargetView.of(target, curve), self.context)
 
     def next_pass(self) -> VerifyPass | None:
         """Draft the next step; the target pass it needs, or None when the generation is over."""
@@ -379,10 +382,15 @@ class SpeculativeDecoder:
         rule: AcceptanceRule | None = None,
         knowledge: KnowledgeStore | None = None,
         state: BackendState | None = None,
+        plan_cost: Callable[[CostCurve], CostCurve] | None = None,
     ):
         self.target = target
         self.drafter = drafter
         self.rule = rule
+        #: the curve the drafter plans with, made from the one its passes are timed into
+        #: (None: that one; a server whose passes share a decode prices a draft at what it adds
+        #: to the shared pass, ``speclive.server.shared_pass_cost``)
+        self.plan_cost = plan_cost
         #: saved controller state: loaded before the first generation, saved after each one
         self.knowledge = knowledge if drafter is not None else None
         self._knowledge_loaded = False
@@ -575,13 +583,15 @@ def make_decoder(
     rule: AcceptanceRule | None = None,
     knowledge: KnowledgeStore | None = None,
     state: BackendState | None = None,
+    plan_cost: Callable[[CostCurve], CostCurve] | None = None,
 ) -> Decoder:
     """The decode loop for ``target``: ``SpeculativeDecoder`` for an in-process backend (on
-    ``state`` when given, e.g. a parked cache to reuse); a remote engine (``in_process`` False:
-    ``speclive.engines.vllm.VLLMEngine``) brings its own loop from its ``make_decoder``, with
-    the same interface (``Decoder``), and keeps its cache itself (``state`` must be None)."""
+    ``state`` when given, e.g. a parked cache to reuse; ``plan_cost``: see there); a remote
+    engine (``in_process`` False: ``speclive.engines.vllm.VLLMEngine``) brings its own loop from
+    its ``make_decoder``, with the same interface (``Decoder``), and keeps its cache itself
+    (``state`` and ``plan_cost`` must be None)."""
     if target.in_process:
-        return SpeculativeDecoder(target, drafter, rule, knowledge, state)
-    if state is not None:
-        raise ValueError(f"{target.name} is a remote engine: it takes no KV state")
+        return SpeculativeDecoder(target, drafter, rule, knowledge, state, plan_cost)
+    if state is not None or plan_cost is not None:
+        raise ValueError(f"{target.name} is a remote engine: it takes no KV state or cost curve")
     return target.make_decoder(drafter, rule, knowledge)

@@ -38,7 +38,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -71,6 +71,21 @@ class BackendState:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+class CostCurve(Protocol):
+    """What a drafter reads of a verification-cost curve (``CostModel`` is one; a server's
+    ``speclive.server.shared_pass_cost.SharedPassCost`` is another)."""
+
+    @property
+    def observed(self) -> dict[int, int]:
+        """Timings observed in this process per k."""
+        ...
+
+    def ratio(self, k: int) -> float: ...
+    def optimistic_ratio(self, k: int) -> float: ...
+    def step_seconds(self) -> float | None: ...
+    def unit_seconds(self) -> float | None: ...
 
 
 class CostModel:

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from speclive.backends.base import Backend, CostModel
+from speclive.backends.base import Backend, CostCurve
 from speclive.drafting.tree import DraftTree
 from speclive.tokenizer import Tokenizer
 
@@ -55,7 +55,7 @@ class DraftTarget(Protocol):
     tokenizer: Tokenizer
     vocab_size: int
     #: the verification-cost curve t(k)/t(1) the drafter plans with
-    cost: CostModel
+    cost: CostCurve
     #: most leaves one verification tree may hold (None: no limit)
     max_tree_branches: int | None
 
@@ -67,11 +67,11 @@ class TargetView:
     name: str
     tokenizer: Tokenizer
     vocab_size: int
-    cost: CostModel
+    cost: CostCurve
     max_tree_branches: int | None = None
 
     @classmethod
-    def of(cls, target: Backend, cost: CostModel | None = None) -> TargetView:
+    def of(cls, target: Backend, cost: CostCurve | None = None) -> TargetView:
         """``target`` as a drafter sees it; ``cost``: the curve to read (default: ``target.cost``)."""
         return cls(
             target.name,
@@ -153,7 +153,7 @@ class AdaptiveLength:
     def __init__(self, config: AdaptiveConfig | None = None):
         self.cfg = config or AdaptiveConfig()
         self.alpha = self.cfg.prior_alpha
-        self.target_cost: CostModel | None = None
+        self.target_cost: CostCurve | None = None
         self.draft_ratio = 0.0  # cost of one drafted token in units of one target step
         self.backoff = ProbeBackoff(self.cfg.probe_after)
         self.off = False

@@ -14,6 +14,9 @@ them for the whole prefill, as a continuous-batching server mixes prompt and dec
 The last chunk (at most ``PREFILL_CHUNK`` tokens) is not a round of its own: it rides in front
 of the first draft in the first verification pass, so a prompt of one chunk or less gives its
 first token after ONE target pass, as a server that samples from the prefill's last row does.
+A request's drafter prices a draft at what it adds to the pass it shares with the others
+(``speclive.server.shared_pass_cost``): beside seven one-token passes or a prompt chunk, a
+draft costs a fraction of a pass of its own, so it pays at acceptances where alone it would not.
 Each request gets its own decoder, hence its own KV state and drafter, over the shared backend;
 the state is released in the iterator's ``finally`` when the generation ends, fails or is
 cancelled, so sessions never see each other's cache. Speculation is on by default (the
@@ -34,6 +37,7 @@ from speclive.knowledge import KnowledgeStore, disabled_by_env
 from speclive.loader import load_backend, make_drafter
 from speclive.server.config import ServerConfig
 from speclive.server.prompt_cache import PromptCache
+from speclive.server.shared_pass_cost import RoundLoad, SharedPassCost
 from speclive.server.worker import Batched
 
 #: prompt tokens a request prefills per worker round, in the same llama.cpp decode as the
@@ -104,6 +108,8 @@ class ChatEngine:
         self.on_batch: Callable[[int], None] | None = None
         #: finished requests' caches for requests that continue them (where states evict)
         self.prompt_cache: PromptCache | None = None
+        #: the last shared pass's tokens per request: drafts are priced at what they add to it
+        self.round_load = RoundLoad()
         if backend.in_process:
             # realtime sessions hold KV states too: a state evicted to make room for another
             # session is prefilled again when its owner next needs it, instead of failing it
@@ -129,6 +135,7 @@ class ChatEngine:
         the last row alone), as one ``extend_many``."""
         if self.on_batch is not None:
             self.on_batch(len(passes))
+        self.round_load.record([(p[0], len(p[1])) for p in passes])
         return self.backend.extend_many([p[:3] for p in passes], [p[3] for p in passes])
 
     def prefill_rounds(self, state: BackendState, ids: list[int], fuse: int) -> Generator[Batched, Any, None]:
@@ -211,7 +218,15 @@ class ChatEngine:
         state = None
         if self.backend.in_process:
             state = (None if cache is None else cache.take(ids)) or self.backend.new_state()
-        dec = make_decoder(self.backend, drafter, knowledge=knowledge, state=state)
+        plan_cost = None
+        if state is not None:
+            # a draft costs what it adds to the pass it shares with the other requests
+            load = self.round_load
+
+            def plan_cost(curve, state=state):
+                return SharedPassCost(curve, lambda: load.others(state))
+
+        dec = make_decoder(self.backend, drafter, knowledge=knowledge, state=state, plan_cost=plan_cost)
         failed = False
         steps = None
         try:
