@@ -112,6 +112,23 @@ def test_generate_then_check(tmp_path: Path) -> None:
     ]
 
 
+def test_a_two_part_target_is_met_only_when_both_parts_are(tmp_path: Path) -> None:
+    """Throughput met but p99 worse: "target missed"."""
+    root = _tree(tmp_path, clean=True)
+    res = root / "benchmarks" / "results" / "soak-x.json"
+    doc = json.loads(res.read_text())
+    res.write_text(json.dumps(doc | {"summary": {"errors": 0, "ratio": 1.04, "p99_ratio": 0.64}}))
+    spec = root / "benchmarks" / "tables.toml"
+    row = (
+        '[[status]]\nfeature = "f"\ntarget = "t"\nfile = "soak-x.json"\nfigure = "summary.ratio"\n'
+        'at_least = 1.0\nrequire = [{{ figure = "summary.p99_ratio", at_least = {} }}]\n'
+    )
+    for bound, word in ((1.0, "target missed"), (0.6, "target met")):
+        spec.write_text(row.format(bound))
+        assert tables.main(["--root", str(root)]) == 0
+        assert f"| f | t | {word} | 1.04 (" in block((root / "README.md").read_text(), "status")
+
+
 def test_a_dirty_result_is_no_current_figure(tmp_path: Path) -> None:
     root = _tree(tmp_path, clean=False)
     assert tables.unprovenanced(root) == [

@@ -19,6 +19,10 @@ file and shown after the figure, so a lossy mode's quality stands beside its spe
 ``also``: figures of the same file written right after the figure (its confidence interval,
 the peers' figures of the same run), so no number in a row is typed by hand.
 
+A target of two parts ("≥ 1.0× the peer's throughput at no worse p99") lists the second in
+``require``: ``{figure, at_most | at_least}`` entries of the same file; the status is "target
+met" only when the figure and every required one meet their bounds.
+
 A figure is a path into the JSON: dotted keys, ``name[key=value,...]`` picks the first element
 of a list whose fields equal those values (compared as text), a number indexes a list, e.g.
 ``summary[set=code-edit,method=ngram].decode_speedup``.
@@ -243,8 +247,13 @@ def status_rows(
             r = current.get(stem(row["file"]))
             if r is None or not r.current or row["file"] not in r.names:
                 raise TableError(f"{row['feature']}: {row['file']} is not a current result in {RESULTS}")
-            value, text = figure(r.load(), row)
-            status = STATUSES[0] if _compare(value, row) else STATUSES[1]
+            doc = r.load()
+            value, text = figure(doc, row)
+            met = _compare(value, row) and all(
+                _compare(extract(doc, req["figure"]), {"feature": row["feature"], **req})
+                for req in row.get("require", [])
+            )
+            status = STATUSES[0] if met else STATUSES[1]
             cells.append(f"{text} (`{RESULTS}/{row['file']}`)")
         else:
             status = STATUSES[2]
