@@ -234,7 +234,6 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_the_other_streams(srv, monk
     its chunks run in the same ``extend_many`` as another stream's verification passes, and
     both answers are still the greedy ones."""
     from speclive.server import chat as chat_mod
-    from speclive.server import shared_pass_cost
 
     engine = srv.app.state.speclive._engines["chat"]
     calls: list[list[bool]] = []  # per extend_many: which payloads are prompt chunks (no tree)
@@ -248,8 +247,6 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_the_other_streams(srv, monk
 
     monkeypatch.setattr(engine, "verify_together", recording)
     monkeypatch.setattr(chat_mod, "PREFILL_CHUNK", 64)
-    # a 64-token chunk is 8 times a pass with a 7-token draft only at a lower ratio than 256's
-    monkeypatch.setattr(shared_pass_cost, "LIGHT_ROUND_RATIO", 2)
     long_prompt = "Summarize these notes in one sentence:\n" + "\n".join(
         f"- item {i}: the {w} arrived at {i + 7} o'clock"
         for i, w in enumerate(["parcel", "train", "guest"] * 6)
@@ -280,9 +277,6 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_the_other_streams(srv, monk
     chunks = [c for c in calls if True in c]
     assert len(chunks) >= 3  # the long prompt in 64-token chunks
     assert any(False in c for c in chunks), calls  # ... beside the other answer's passes
-    # ... and after a chunk's round the other answer's pass got a light round alone
-    at = [i for i, c in enumerate(calls) if True in c]
-    assert [False] in calls[at[0] : at[-1]], calls
     # the prompts' last pieces rode in their first verification passes, without their rows
     assert len(fused) >= 2 and max(fused) <= 64, fused
     _wait_idle(srv)

@@ -11,7 +11,7 @@ from speclive.backends.base import BackendState, CostModel
 from speclive.decoder import GenerationConfig, drain, make_decoder
 from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.tree import DraftTree
-from speclive.server.shared_pass_cost import LIGHT_PROMPT, LIGHT_ROUND_RATIO, RoundLoad, SharedPassCost
+from speclive.server.shared_pass_cost import RoundLoad, SharedPassCost
 
 # t(k) in seconds: eight tokens cost six single steps, sixteen barely more (the shape measured
 # on a 2-core CPU, docs/serving.md)
@@ -76,12 +76,12 @@ def test_round_load_counts_the_other_requests():
     a, b, c = BackendState(), BackendState(), BackendState()
     load = RoundLoad()
     assert load.others(a) == (0, 0)
-    load.record([(a, 3, 0), (b, 1, 0), (c, 5, 4)])
-    assert load.others(a) == (6, 2)
+    load.record([(a, 3), (b, 1), (c, 256)])
+    assert load.others(a) == (257, 2)
     assert load.others(c) == (4, 2)
     new = BackendState()  # not in the last round: every pass in it is another's
-    assert load.others(new) == (9, 3)
-    load.record([(a, 1, 0)])  # alone again
+    assert load.others(new) == (260, 3)
+    load.record([(a, 1)])  # alone again
     assert load.others(a) == (0, 0)
 
 
@@ -121,44 +121,3 @@ def test_the_decoder_hands_its_drafter_the_curve_to_plan_with():
     d2 = _RecordingDrafter()
     drain(make_decoder(lm, d2).generate(prompt, GenerationConfig(max_tokens=2, ignore_eos=True)))
     assert d2.curves == [lm.cost]
-
-
-def test_after_a_round_of_prompt_chunks_the_answers_get_a_light_round():
-    chat, edit, prompt = BackendState(), BackendState(), BackendState()
-    load = RoundLoad()
-    # a prompt chunk beside two generating requests (one drafting a long copy)
-    load.record([(chat, 1, 0), (edit, 17, 0), (prompt, 256, 255)])
-    assert load.light_next
-    # the light round is priced without the chunk
-    assert load.others(chat) == (17, 1)
-    assert not load.should_wait(chat, 0) and not load.should_wait(edit, 0)  # they go
-    assert load.should_wait(prompt, 255)  # the prompt sits it out
-    assert load.should_wait(prompt, 255)  # ... turn after turn, until the light round ran
-    load.record([(chat, 1, 0), (edit, 17, 0)])  # the light round
-    assert not load.light_next
-    # the next full round is priced as the last full one, chunk included
-    assert load.others(chat) == (273, 2)
-    assert not load.should_wait(prompt, 255)
-
-
-def test_no_light_round_when_prompts_are_a_small_part_or_nothing_else_runs():
-    a, b, c = BackendState(), BackendState(), BackendState()
-    load = RoundLoad()
-    # a short prompt's tail (at most LIGHT_PROMPT tokens) is no prompt pass
-    load.record([(a, 1, 0), (b, LIGHT_PROMPT + 1, LIGHT_PROMPT)])
-    assert not load.light_next
-    # prompt tokens under the ratio
-    load.record([(a, 5, 0), (b, 1, 0), (c, LIGHT_ROUND_RATIO * 6 - 1, 40)])
-    assert not load.light_next and not load.should_wait(c, 40)
-    # only prompt passes: nothing would run in a light round, so none waits
-    load.record([(a, 256, 255), (b, 256, 255)])
-    assert not load.light_next and not load.should_wait(a, 255)
-    # exactly the ratio: light
-    n = 3 * LIGHT_ROUND_RATIO
-    assert n > LIGHT_PROMPT
-    load.record([(a, 3, 0), (b, n, n)])
-    assert load.light_next
-    load.forget(b)  # a prompt's request over: the light round stays for a
-    assert load.should_wait(b, n)
-    load.forget(a)  # the request it was for is over: no light round, nobody waits
-    assert not load.light_next and not load.should_wait(b, n)

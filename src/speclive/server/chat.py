@@ -17,9 +17,6 @@ first token after ONE target pass, as a server that samples from the prefill's l
 A request's drafter prices a draft at what it adds to the pass it shares with the others
 (``speclive.server.shared_pass_cost``): beside seven one-token passes or a prompt chunk, a
 draft costs a fraction of a pass of its own, so it pays at acceptances where alone it would not.
-After a round that is mostly prompt chunks, the generating requests get a light round of
-their own (the prompt passes sit it out, their turn an empty delta), so an answer does not
-advance only at the pace of the rounds that prefill other requests' prompts.
 Each request gets its own decoder, hence its own KV state and drafter, over the shared backend;
 the state is released in the iterator's ``finally`` when the generation ends, fails or is
 cancelled, so sessions never see each other's cache. Speculation is on by default (the
@@ -138,12 +135,10 @@ class ChatEngine:
         the last row alone), as one ``extend_many``."""
         if self.on_batch is not None:
             self.on_batch(len(passes))
-        self.round_load.record([(p[0], len(p[1]), p[3]) for p in passes])
+        self.round_load.record([(p[0], len(p[1])) for p in passes])
         return self.backend.extend_many([p[:3] for p in passes], [p[3] for p in passes])
 
-    def prefill_rounds(
-        self, state: BackendState, ids: list[int], fuse: int
-    ) -> Generator[Batched | ChatDelta, Any, None]:
+    def prefill_rounds(self, state: BackendState, ids: list[int], fuse: int) -> Generator[Batched, Any, None]:
         """Bring ``state``'s cache up to ``ids[:-1]`` but its last ``fuse`` tokens (those ride
         in the first verification pass), ``PREFILL_CHUNK`` tokens per worker round, each chunk
         decoded together with the other requests' passes: a long prompt does not hold the
@@ -153,14 +148,7 @@ class ChatEngine:
         while len(pre) - len(state.tokens) > fuse:
             at = len(state.tokens)
             chunk = pre[at : at + PREFILL_CHUNK]
-            yield from self._light_rounds(state, len(chunk) - 1)
             yield Batched(self.verify_together, (state, chunk, None, len(chunk) - 1))
-
-    def _light_rounds(self, state: BackendState, prompt_tokens: int) -> Generator[ChatDelta, Any, None]:
-        """A pass with a prompt sits out a light round (``RoundLoad.should_wait``): its turn
-        gives nothing (an empty delta) and it goes in the round after."""
-        while self.round_load.should_wait(state, prompt_tokens):
-            yield ChatDelta("", 0, 0, 0)
 
     @classmethod
     def load(cls, config: ServerConfig) -> ChatEngine:
@@ -253,7 +241,6 @@ class ChatEngine:
                     result = done.value
                     break
                 if isinstance(item, VerifyPass):
-                    yield from self._light_rounds(item.state, item.skip)
                     # the worker runs this pass together with the other requests' (one decode)
                     pass_ = (item.state, item.tokens, item.parents, item.skip)
                     reply = yield Batched(self.verify_together, pass_)
@@ -267,8 +254,6 @@ class ChatEngine:
         finally:
             if steps is not None:
                 steps.close()  # the drafter's end() before the state goes
-            if state is not None:
-                self.round_load.forget(state)
             keep = cache is not None and state is not None and not failed
             dec.close(release_state=not keep)
             if keep:

@@ -30,17 +30,6 @@ like the pass's.
 
 ``RoundLoad`` records each round's passes (``record``), and the next round is predicted to be
 like the last: ``others(state)`` is the load the other requests brought to it.
-
-**Light rounds.** The rule above minimises the summed wait, and it can do so at the expense of
-the requests that find nothing to draft (chat beside code edits): they advance one token per
-round, and the rounds grow with the others' prompts, prefilled in chunks in the same rounds.
-So after a round whose prompt passes (more than ``LIGHT_PROMPT`` prompt tokens: a chunk, or a
-first pass with its prompt's tail) hold at least ``LIGHT_ROUND_RATIO`` times the tokens of the
-other passes, the next round is a light one: the prompt passes wait it out (``should_wait``),
-and the generating requests get a second step for a fraction of the heavy round's time. The
-light round is called off when the requests it is for are all over (``forget``), so a prompt
-never waits for a round that will not come. Drafts for a light round are priced at the light
-round's load (the generating passes of the round before), the others at the last full round's.
 """
 
 from __future__ import annotations
@@ -49,61 +38,29 @@ from collections.abc import Callable, Sequence
 
 from speclive.backends.base import BackendState, CostModel
 
-#: a pass with more prompt tokens than this waits out a light round (a chunk, a prompt's tail)
-LIGHT_PROMPT = 16
-#: prompt tokens per other token in a round that earns the others a light round of their own
-LIGHT_ROUND_RATIO = 8
-
 
 class RoundLoad:
-    """The composition of the worker's last full shared pass (tokens per state), and whether
-    the next round is a light one (module docstring)."""
+    """The composition of the worker's last shared pass: tokens per state."""
 
     def __init__(self) -> None:
-        # state -> (tokens, prompt tokens) of the last full round's passes
-        self._full: dict[int, tuple[int, int]] = {}
-        #: rounds recorded so far
-        self.rounds = 0
-        #: the next round runs only the passes that carry no prompt
-        self.light_next = False
-        # the requests the light round is for (those of the last full round without a prompt)
-        self._light: set[int] = set()
+        self._tokens = 0
+        self._passes = 0
+        self._own: dict[int, int] = {}
 
-    def record(self, passes: Sequence[tuple[BackendState, int, int]]) -> None:
-        """One shared pass: ``(state, tokens, prompt tokens among them)`` for each of its passes."""
-        self.rounds += 1
-        if self.light_next:  # the light round: the next one is full again, priced as the last
-            self.light_next = False
-            return
-        full: dict[int, tuple[int, int]] = {}
-        for state, n, prompt in passes:
-            t, p = full.get(id(state), (0, 0))
-            full[id(state)] = (t + n, p + prompt)
-        self._full = full
-        heavy = sum(t for t, p in full.values() if p > LIGHT_PROMPT)
-        light = sum(t for t, p in full.values() if p <= LIGHT_PROMPT)
-        self._light = {k for k, (_, p) in full.items() if p <= LIGHT_PROMPT}
-        self.light_next = light > 0 and heavy >= LIGHT_ROUND_RATIO * light
+    def record(self, passes: Sequence[tuple[BackendState, int]]) -> None:
+        """One shared pass: ``(state, tokens)`` for each of its passes."""
+        self._own = {}
+        for state, n in passes:
+            self._own[id(state)] = self._own.get(id(state), 0) + n
+        self._tokens = sum(self._own.values())
+        self._passes = len(self._own)
 
     def others(self, state: BackendState) -> tuple[int, int]:
-        """(tokens, passes) the other states are expected to bring to the next round: those of
-        the last full round, or, before a light round, its passes that carried no prompt."""
-        me = id(state)
-        loads = [
-            t for k, (t, p) in self._full.items() if k != me and not (self.light_next and p > LIGHT_PROMPT)
-        ]
-        return sum(loads), len(loads)
-
-    def should_wait(self, state: BackendState, prompt_tokens: int) -> bool:
-        """Whether ``state``'s pass with ``prompt_tokens`` prompt tokens must not run yet: the
-        coming round is a light one (asked again on each turn until it has run)."""
-        return self.light_next and prompt_tokens > LIGHT_PROMPT
-
-    def forget(self, state: BackendState) -> None:
-        """``state``'s request is over: a light round only for it is called off."""
-        self._light.discard(id(state))
-        if not self._light:
-            self.light_next = False
+        """(tokens, passes) the other states brought to the last round."""
+        own = self._own.get(id(state))
+        if own is None:
+            return self._tokens, self._passes
+        return self._tokens - own, self._passes - 1
 
 
 class SharedPassCost:
