@@ -14,7 +14,7 @@ from speclive.drafting.tree import DraftTree
 from speclive.server.shared_pass_cost import RoundLoad, SharedPassCost
 
 # t(k) in seconds: eight tokens cost six single steps, sixteen barely more (the shape measured
-# on a 2-core CPU, docs/serving.md)
+# on a 2-core CPU, docs/serving-peers.md)
 SECONDS = {1: 0.06, 2: 0.09, 4: 0.16, 8: 0.36, 16: 0.45, 32: 0.75, 64: 1.5}
 
 

@@ -4,8 +4,8 @@ The worker decodes the passes of every completion in progress as one llama.cpp b
 request's draft does not pay the cost curve t(k)/t(1) of a pass of its own: it pays what its
 tokens add to the shared pass, and that depends on how many tokens the others bring. On a
 2-core CPU a batch of eight one-token passes already costs about six single steps, while eight
-more tokens cost little more than one (the curve is flat in places, steep in others), and in a
-round that prefills a 256-token prompt chunk a 16-token copy adds a few percent.
+more tokens add about a quarter to that (the curve is flat in places, steep in others), and in
+a round that prefills a 256-token prompt chunk a 16-token copy adds a few percent.
 
 ``SharedPassCost`` is the curve a request's drafter plans with. Say the other requests bring
 ``B`` tokens in ``S - 1`` passes and this request's own single token makes the round
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from speclive.backends.base import BackendState, CostModel
+from speclive.backends.base import BackendState, CostCurve
 
 
 class RoundLoad:
@@ -70,7 +70,7 @@ class SharedPassCost:
     serial work (a draft model's steps, which delay the whole round) by it prices that work
     in the same unit. Passes are timed into ``base``."""
 
-    def __init__(self, base: CostModel, load: Callable[[], tuple[int, int]]):
+    def __init__(self, base: CostCurve, load: Callable[[], tuple[int, int]]):
         self.base = base
         self.load = load
 
