@@ -218,14 +218,12 @@ class ChatEngine:
         state = None
         if self.backend.in_process:
             state = (None if cache is None else cache.take(ids)) or self.backend.new_state()
-        plan_cost = None
-        if state is not None:
-            # a draft costs what it adds to the pass it shares with the other requests
-            load = self.round_load
+        load = self.round_load
 
-            def plan_cost(curve, state=state):
-                return SharedPassCost(curve, lambda: load.others(state))
+        def shared(curve):  # a draft costs what it adds to the pass it shares with the others
+            return SharedPassCost(curve, lambda: load.others(state))
 
+        plan_cost = None if state is None else shared
         dec = make_decoder(self.backend, drafter, knowledge=knowledge, state=state, plan_cost=plan_cost)
         failed = False
         steps = None

@@ -43,9 +43,9 @@ class RoundLoad:
     """The composition of the worker's last shared pass: tokens per state."""
 
     def __init__(self) -> None:
-        self._tokens = 0
-        self._passes = 0
         self._own: dict[int, int] = {}
+        # their sum (read on every ratio a drafter computes)
+        self._tokens = 0
 
     def record(self, passes: Sequence[tuple[BackendState, int]]) -> None:
         """One shared pass: ``(state, tokens)`` for each of its passes."""
@@ -53,14 +53,13 @@ class RoundLoad:
         for state, n in passes:
             self._own[id(state)] = self._own.get(id(state), 0) + n
         self._tokens = sum(self._own.values())
-        self._passes = len(self._own)
 
     def others(self, state: BackendState) -> tuple[int, int]:
         """(tokens, passes) the other states brought to the last round."""
         own = self._own.get(id(state))
         if own is None:
-            return self._tokens, self._passes
-        return self._tokens - own, self._passes - 1
+            return self._tokens, len(self._own)
+        return self._tokens - own, len(self._own) - 1
 
 
 class SharedPassCost:
