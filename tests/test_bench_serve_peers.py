@@ -62,6 +62,16 @@ def test_llama_cpp_python_peers():
     assert _flag(pld, "--draft_model") == "prompt-lookup-decoding" and pld[: len(plain)] == plain
 
 
+def test_where_repacked_weights_crash_llama_server_runs_without_them():
+    assert "--no-repack" not in peer_command("llama-server-ngram", SETUP)
+    plain = PeerSetup(**{**SETUP.__dict__, "repack": False})
+    for name in ("llama-server", "llama-server-ngram", "llama-server-draft"):
+        assert "--no-repack" in peer_command(name, plain)
+    # llama-cpp-python's server has no such switch: a clear refusal, not a crash mid-run
+    with pytest.raises(ConfigError, match="no switch"):
+        peer_command("llama_cpp.server-pld", plain)
+
+
 def test_ready_paths_and_peer_checks():
     assert ready_path("llama-server-draft") == "/health" and ready_path("llama_cpp.server") == "/v1/models"
     assert check_peers(["llama-server", "llama_cpp.server-pld"]) == ["llama-server", "llama_cpp.server-pld"]

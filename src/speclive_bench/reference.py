@@ -9,14 +9,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Collection, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from speclive.backends.base import Backend
 from speclive.backends.llamacpp import llama_cpp_lib
+from speclive.backends.llamacpp_buffers import extra_buffers_safe
 
 
 def greedy_steps(
@@ -83,6 +86,29 @@ def greedy_reference(
     return out, gaps
 
 
+@contextlib.contextmanager
+def _repack_as_speclive(gguf: Path) -> Iterator[None]:
+    """``Llama`` loads with llama.cpp's default model parameters; where the repacked weight
+    buffers crash on this CPU, hand it defaults with them off, as ``LlamaCppBackend`` loads."""
+    if extra_buffers_safe(gguf):
+        yield
+        return
+    import llama_cpp.llama as high
+
+    plain = high.llama_cpp.llama_model_default_params
+
+    def defaults() -> Any:
+        params = plain()
+        params.use_extra_bufts = False
+        return params
+
+    high.llama_cpp.llama_model_default_params = defaults
+    try:
+        yield
+    finally:
+        high.llama_cpp.llama_model_default_params = plain
+
+
 class LlamaReference:
     """llama-cpp-python's own ``Llama`` object, used as the peer generator in comparisons."""
 
@@ -99,16 +125,17 @@ class LlamaReference:
         from llama_cpp import Llama
 
         threads = int(n_threads or os.cpu_count() or 1)
-        self.llm = Llama(
-            model_path=str(gguf_path),
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            logits_all=False,
-            flash_attn=True,  # as LlamaCppBackend runs
-            verbose=False,
-            draft_model=draft_model,
-        )
+        with _repack_as_speclive(Path(gguf_path)):
+            self.llm = Llama(
+                model_path=str(gguf_path),
+                n_ctx=n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                logits_all=False,
+                flash_attn=True,  # as LlamaCppBackend runs
+                verbose=False,
+                draft_model=draft_model,
+            )
 
     def greedy(
         self, prompt_ids: Sequence[int], max_tokens: int, stop_ids: Collection[int] | None = None

@@ -53,6 +53,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from speclive.backends.llamacpp_buffers import extra_buffers_safe
 from speclive.common_options import drafter_option, max_tokens_option, model_option, threads_option
 from speclive.errors import ConfigError
 from speclive.knowledge import DIR_ENV
@@ -617,6 +618,7 @@ def _peer_setup(
         n_ctx=opts.n_ctx,
         slots=opts.slots or max(1, opts.clients),
         draft_gguf=draft,
+        repack=extra_buffers_safe(Path(gguf)),
     )
 
 

@@ -71,6 +71,9 @@ class PeerSetup:
     draft_gguf: str | None = None
     #: the llama-server binary (None: looked up when a llama-server peer is asked for)
     binary: str | None = None
+    #: llama.cpp's repacked weight buffers; off (``--no-repack``) where they crash on this CPU,
+    #: as they are for speclive (``speclive.backends.llamacpp_buffers``)
+    repack: bool = True
 
 
 def check_peers(names: Sequence[str]) -> list[str]:
@@ -118,6 +121,11 @@ def ready_path(name: str) -> str:
 def peer_command(name: str, setup: PeerSetup) -> list[str]:
     """The command line of peer ``name`` (one of ``PEERS``) for ``setup``."""
     if name.startswith("llama_cpp.server"):
+        if not setup.repack:
+            raise ConfigError(
+                f"{name}: llama.cpp's repacked weights crash on this CPU, and llama-cpp-python's "
+                "server has no switch to turn them off (llama-server takes --no-repack)"
+            )
         cmd = _llama_cpp_python(setup)
         if name == "llama_cpp.server-pld":
             cmd += ["--draft_model", "prompt-lookup-decoding"]
@@ -181,4 +189,5 @@ def _llama_server(setup: PeerSetup) -> list[str]:
         "--cache-ram",
         "0",
         "--no-webui",
+        *([] if setup.repack else ["--no-repack"]),
     ]

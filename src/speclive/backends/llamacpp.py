@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from speclive.backends.base import Backend, BackendState
+from speclive.backends.llamacpp_buffers import extra_buffers_safe
 from speclive.errors import BackendUnavailableError, ContextOverflowError
 from speclive.tokenizer import Tokenizer
 
@@ -147,7 +148,7 @@ class LlamaCppBackend(Backend):
         n_batch: int = 512,
         max_tree_branches: int | None = None,
         max_states: int = 4,
-        repack: bool = True,
+        repack: bool | None = None,
         restore_evicted: bool = False,
         n_cells: int | None = None,
         cost_prior: Mapping[int, float] | None = None,
@@ -215,12 +216,17 @@ class LlamaCppBackend(Backend):
             )
         return max_tree_branches, n_seq
 
-    def _load_model(self, path: Path, repack: bool) -> None:
-        """Load the GGUF weights and read the model's vocabulary size."""
+    def _load_model(self, path: Path, repack: bool | None) -> None:
+        """Load the GGUF weights and read the model's vocabulary size. ``repack``: llama.cpp's
+        extra weight buffers (repacked layouts, AMX tiles); None: on where they are safe here
+        (``llamacpp_buffers``: on some AMX hosts they crash on the first batch)."""
         lib = self._lib
         mparams = lib.llama_model_default_params()
-        # repacked (interleaved) weight layouts: llama.cpp's fast CPU kernels for quantized matmuls
-        mparams.use_extra_bufts = bool(repack)
+        if repack is None:
+            repack = extra_buffers_safe(path)
+        #: whether the weights sit in llama.cpp's repacked (interleaved) layouts
+        self.repacked = bool(repack)
+        mparams.use_extra_bufts = self.repacked
         model = lib.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
         if not model:
             raise RuntimeError(f"llama.cpp could not load {path}{_log_tail()}")
