@@ -161,3 +161,12 @@ def test_a_scripts_provenance_line_is_what_the_tables_read() -> None:
     assert (m["commit"], m["clean"], m["kernel"]) == ("a" * 40, "True", "6.1.0")
     assert m["cpu"] == "AMD EPYC (family 25 model 1, avx2)"
     assert provenance_line(prov, "; load 0.1").endswith("+00:00; load 0.1")
+
+
+def test_the_host_class_comes_from_the_provenance() -> None:
+    amd = {"cpu": {"name": "AMD EPYC", "detail": "family 25 model 1, avx2"}, "gpu": None}
+    xeon = {"cpu": {"name": "Intel(R) Xeon(R) Processor", "detail": "family 6 model 167, avx512f"}}
+    assert tables.host_class(amd) == "AVX2 (AMD EPYC)"
+    assert tables.host_class(xeon) == "AVX-512 (Intel Xeon)"
+    assert tables.host_class({"gpu": "NVIDIA H200", "cpu": amd["cpu"]}) == "NVIDIA H200"
+    assert tables.host_class({"cpu": {"name": "Some CPU", "detail": ""}}) == "Some"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from speclive.backends import cost_calibration
 from speclive.backends.base import Backend
 from speclive.backends.hf_load import load_hf
 from speclive.backends.llamacpp import LlamaCppBackend
@@ -23,6 +24,7 @@ from speclive.drafting.priors import cost_curve
 from speclive.drafting.suffix import SuffixConfig, SuffixDrafter, load_datastore
 from speclive.errors import ConfigError
 from speclive.models.convert import hf_dir_for_gguf, tokenizer_dir_for_gguf
+from speclive.models.install import speclive_home
 from speclive.models.resolve import ModelRef, resolve
 from speclive.tokenizer import Tokenizer
 
@@ -98,8 +100,9 @@ def _load_backend(
             if max_states is None
             else {"max_states": max_states, "n_cells": ctx + (max_states - 1) * ctx // 4}
         )
-        # the cost model starts from the curve calibrated on the committed benchmarks (docs/coldstart.md)
-        return LlamaCppBackend(
+        # the cost model starts from the curve calibrated on the committed benchmarks
+        # (docs/coldstart.md), then from this machine's own, measured once (cost_calibration)
+        backend = LlamaCppBackend(
             ref.gguf,
             tokenizer_for(ref),
             name=ref.name,
@@ -108,11 +111,32 @@ def _load_backend(
             cost_prior=cost_curve(),
             **states,
         )
+        if cost_calibration.enabled():
+            settings = {
+                "backend": "llamacpp",
+                "threads": backend.n_threads,
+                "flash_attn": backend.flash_attn,
+                "repacked": backend.repacked,
+                "n_batch": backend.n_batch,
+                "llama_cpp": _llama_cpp_version(),
+            }
+            curves = speclive_home() / "cost-curves.json"
+            cost_calibration.calibrate(backend, Path(ref.gguf), settings, curves)
+        return backend
     if ref.gguf is not None:
         path: str | Path = hf_dir_for_gguf(ref.gguf, ref.name if ref.source == "registry" else None)
     else:
         path = ref.path or ref.hub_id  # type: ignore[assignment]
     return load_hf(str(path), name=ref.name, dtype=dtype, device=device, n_ctx=n_ctx, threads=threads)
+
+
+def _llama_cpp_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
 
 
 def _draft_device(target: Backend, backend: str) -> str:

@@ -240,9 +240,9 @@ def status_rows(
     spec: Mapping[str, Any], current: Mapping[str, Result], archived: Mapping[str, Result]
 ) -> str:
     """The README's status table: feature, target, status, the figure and its file."""
-    lines = ["| feature | target | status | figure and file |", "|---|---|---|---|"]
+    lines = ["| feature | target | status | figure and file | host |", "|---|---|---|---|---|"]
     for row in spec.get("status", []):
-        cells = []
+        cells, host = [], "–"
         if row.get("file"):
             r = current.get(stem(row["file"]))
             if r is None or not r.current or row["file"] not in r.names:
@@ -255,11 +255,28 @@ def status_rows(
             )
             status = STATUSES[0] if met else STATUSES[1]
             cells.append(f"{text} (`{RESULTS}/{row['file']}`)")
+            host = host_class(r.provenance or {})
         else:
             status = STATUSES[2]
         cells += _history(row, archived)
-        lines.append(f"| {row['feature']} | {row['target']} | {status} | {'; '.join(cells) or '–'} |")
+        figures = "; ".join(cells) or "–"
+        lines.append(f"| {row['feature']} | {row['target']} | {status} | {figures} | {host} |")
     return "\n".join(lines)
+
+
+#: the widest vector ISA a provenance names, as a host class is called
+ISA_CLASSES = {"avx512f": "AVX-512", "avx2": "AVX2", "avx": "AVX", "neon": "NEON", "asimd": "ASIMD"}
+
+
+def host_class(pv: Mapping[str, Any]) -> str:
+    """The host class of a result: its GPU, else its CPU's widest ISA and model name
+    ("AVX2 (AMD EPYC)"). Speeds differ up to 2x between classes: compare within one."""
+    if pv.get("gpu"):
+        return str(pv["gpu"])
+    cpu = pv.get("cpu") or {}
+    isa = str(cpu.get("detail") or "").rpartition(", ")[2]
+    name = re.sub(r"\((R|TM)\)| Processor| CPU", "", str(cpu.get("name") or "?")).strip()
+    return f"{ISA_CLASSES[isa]} ({name})" if isa in ISA_CLASSES else name
 
 
 def _machine(pv: Mapping[str, Any]) -> str:

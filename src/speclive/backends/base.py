@@ -116,6 +116,10 @@ class CostModel:
         self._seconds[k] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
         self.observed[k] = n + 1
 
+    def set_prior(self, prior: dict[int, float]) -> None:
+        """Replace the prior curve (measurements stay where they are)."""
+        self._prior = dict(prior)
+
     def set_seconds(self, k: int, seconds: float) -> None:
         """Replace the estimate of t(k) (a deliberate measurement, not one more sample)."""
         if 1 <= k <= self.max_k and seconds > 0:
@@ -243,6 +247,11 @@ class Backend(ABC):
 
     def unpark(self, state: BackendState) -> None:
         """``state`` is in use again: evicted only in its turn (least recently used)."""
+
+    def use_cost_prior(self, prior: dict[int, float]) -> None:
+        """From now on ``prior`` (t(k)/t(1) measured on this machine: ``cost_calibration``) is
+        the curve of this backend's cost model where nothing has been measured yet."""
+        self.cost.set_prior(prior)
 
     def default_cost_prior(self) -> dict[int, float] | None:
         return None

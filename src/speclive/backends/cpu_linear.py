@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from speclive.kept_measurements import keep_entry, read_entries
 from speclive.models.install import speclive_home
 from speclive.sysinfo import cpu_detail, cpu_model
 
@@ -84,25 +85,13 @@ def _plan_key(weight: Any) -> str:
 def cached_plan(weight: Any) -> tuple[dict[int, bool], bool]:
     """The calibration plan for ``weight`` on this machine, from ``$SPECLIVE_HOME/linear-plans.json``
     when it was measured before (returns ``(plan, from_cache)``)."""
-    import json
-
     path = speclive_home() / "linear-plans.json"
     key = _plan_key(weight)
-    try:
-        plans = json.loads(path.read_text())
-    except (OSError, ValueError):
-        plans = {}
+    plans = read_entries(path)
     if key in plans:
         return {int(m): bool(v) for m, v in plans[key].items()}, True
     plan = calibrate(weight)
-    plans[key] = {str(m): v for m, v in plan.items()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(plans, indent=1, sort_keys=True))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs a calibration per load
+    keep_entry(path, key, {str(m): v for m, v in plan.items()})  # read-only: calibrated per load
     return plan, False
 
 

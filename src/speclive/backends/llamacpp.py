@@ -343,6 +343,11 @@ class LlamaCppBackend(Backend):
     def default_cost_prior(self) -> dict[int, float] | None:
         return dict(self._cost_prior)
 
+    def use_cost_prior(self, prior: dict[int, float]) -> None:
+        # cost models made later (a decoder's drafting-pass model) start from it too
+        self._cost_prior = dict(prior)
+        super().use_cost_prior(prior)
+
     # ---- states ---------------------------------------------------------------------
     def new_state(self) -> LlamaCppState:
         """A fresh empty state; may evict the least recently used one (module docstring)."""

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from speclive.kept_measurements import keep_entry, read_entries
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +108,7 @@ def extra_buffers_safe(gguf: Path) -> bool:
 def remembered_probe(gguf: Path, cache: Path, code: str = PROBE) -> bool:
     """``probe`` once per build, CPU and model; the answer is kept in the JSON file ``cache``."""
     key = _build_key(gguf)
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if not isinstance(known, dict):
-        known = {}
-    entry = known.get(key)
+    entry = read_entries(cache).get(key)
     if isinstance(entry, dict) and isinstance(entry.get("safe"), bool):
         return entry["safe"]
     safe, what = probe(gguf, code)
@@ -124,12 +119,5 @@ def remembered_probe(gguf: Path, cache: Path, code: str = PROBE) -> bool:
             gguf.name,
             what,
         )
-    known[key] = {"safe": safe, "model": gguf.name, "probe": what}
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
-        tmp.replace(cache)
-    except OSError as exc:  # a read-only home: probe again next time
-        log.info("could not keep the probe's answer in %s: %s", cache, exc)
+    keep_entry(cache, key, {"safe": safe, "model": gguf.name, "probe": what})
     return safe
