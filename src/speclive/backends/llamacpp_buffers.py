@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from speclive.kept_measurements import keep_entry, read_entries
+from speclive.sysinfo import cpu_detail, cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +62,9 @@ def _build_key(gguf: Path) -> str:
 
     libdir = Path(llama_cpp.__file__).parent / "lib"
     libs = sorted(p for p in libdir.glob("libggml-cpu*") if p.is_file())
-    cpu = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        cpu = next((ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")), "")
     st = gguf.stat()
     parts = [f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in libs]
-    parts += [cpu, f"{gguf.resolve()}:{st.st_size}"]
+    parts += [cpu_model(), cpu_detail() or "", f"{gguf.resolve()}:{st.st_size}"]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
