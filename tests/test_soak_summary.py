@@ -159,3 +159,10 @@ def test_the_mappings_steps_are_listed_with_their_minute():
     assert "| 21.0 | anon_other | 0x7f00 | 413.3 | 300.0 | 355.0 | no |" in md
     quiet = soak_markdown(summarize_soak(args, "cmd", QUESTIONS[:1], voices, [], samples, 200))
     assert "No mapping's resident memory grew by 8 MiB or more" in quiet
+
+
+def test_a_figure_that_rounds_to_zero_is_written_without_a_sign():
+    from speclive_bench.report import _fmt
+
+    assert _fmt(-1e-16) == "0.00" and _fmt(-0.004) == "0.00" and _fmt(-0.0, 1) == "0.0"
+    assert _fmt(-0.006) == "-0.01" and _fmt(-2.0, 0) == "-2"

@@ -340,7 +340,9 @@ def _fmt(v: Any, digits: int = 2) -> str:
     if isinstance(v, float):
         if not math.isfinite(v):
             return "–"
-        return f"{v:.{digits}f}"
+        text = f"{v:.{digits}f}"
+        # a value that rounds to zero is written 0, whatever the sign of its rounding error
+        return text[1:] if text.startswith("-") and not text.strip("-0.") else text
     return str(v)
 
 

@@ -88,6 +88,7 @@ def probe(gguf: Path, code: str = PROBE, timeout: float = 300.0) -> tuple[bool, 
 
 
 def _cache_file() -> Path:
+    # lazy: models.install pulls in the installer (tqdm, the registry) for one path
     from speclive.models.install import speclive_home
 
     return speclive_home() / "llamacpp-buffers.json"
