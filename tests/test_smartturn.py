@@ -20,7 +20,7 @@ from speclive.live.smartturn import (
     model_path,
     window_audio,
 )
-from speclive.sysinfo import cpu_detail
+from speclive.sysinfo import cpu_flags, cpu_isa
 
 #: Pipecat 1.14's own analyzer (``LocalSmartTurnAnalyzerV3._predict_endpoint``) on the inputs of
 #: ``synthetic()`` (benchmarks/smart_turn_check.py), by CPU class. The model is int8, and
@@ -46,12 +46,8 @@ PIPECAT_P_BY_CLASS = {
 
 def cpu_class() -> str:
     """This CPU's widest ISA, with "+vnni" where it has VNNI int8 dot products."""
-    isa = (cpu_detail() or "").rpartition(", ")[2]
-    try:
-        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = ""
-    return isa + ("+vnni" if "vnni" in flags else "")
+    vnni = any("vnni" in f for f in cpu_flags())
+    return (cpu_isa() or "") + ("+vnni" if vnni else "")
 
 
 def synthetic() -> dict[str, np.ndarray]:

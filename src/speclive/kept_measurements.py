@@ -7,13 +7,20 @@ a reader never sees half a file; a home that cannot be written only costs measur
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+def key(parts: Iterable[str]) -> str:
+    """A short key for what a measurement depends on, one string per thing."""
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
 def read_entries(path: Path) -> dict[str, Any]:

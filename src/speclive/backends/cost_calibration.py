@@ -19,7 +19,6 @@ process on the same machine reads it back for nothing; the first one pays a few 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from speclive import kept_measurements
 from speclive.backends.base import Backend, CostModel
 from speclive.kept_measurements import keep_entry, read_entries
 from speclive.sysinfo import cpu_detail, cpu_model
@@ -77,8 +77,7 @@ def measure(backend: Backend, ks: tuple[int, ...] = KS, repeats: int = REPEATS) 
 def _key(model: Path, settings: dict[str, Any]) -> str:
     st = model.stat()
     parts = [f"{model.resolve()}:{st.st_size}:{st.st_mtime_ns}", cpu_model(), cpu_detail() or ""]
-    parts += [f"{k}={settings[k]}" for k in sorted(settings)]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    return kept_measurements.key(parts + [f"{k}={settings[k]}" for k in sorted(settings)])
 
 
 def calibrate(
@@ -89,9 +88,9 @@ def calibrate(
     docstring). None (nothing changed) where the model file is not there."""
     if not model.is_file():
         return None
-    key = _key(model, settings)
+    entry_key = _key(model, settings)
     curve: dict[int, float] | None = None
-    entry = read_entries(cache).get(key)
+    entry = read_entries(cache).get(entry_key)
     if isinstance(entry, dict) and isinstance(entry.get("curve"), dict):
         try:
             curve = {int(k): float(v) for k, v in entry["curve"].items()}
@@ -110,6 +109,6 @@ def calibrate(
             "seconds": round(time.perf_counter() - t0, 2),
             "curve": {str(k): round(v, 4) for k, v in sorted(curve.items())},
         }
-        keep_entry(cache, key, entry)  # a read-only home: measured again next time
+        keep_entry(cache, entry_key, entry)  # a read-only home: measured again next time
     backend.use_cost_prior(curve)
     return curve

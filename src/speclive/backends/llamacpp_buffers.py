@@ -16,13 +16,13 @@ extra buffers, decodes one 8-token batch and exits. The answer is kept in
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from speclive import kept_measurements
 from speclive.kept_measurements import keep_entry, read_entries
 from speclive.sysinfo import cpu_detail, cpu_model
 
@@ -64,8 +64,7 @@ def _build_key(gguf: Path) -> str:
     libs = sorted(p for p in libdir.glob("libggml-cpu*") if p.is_file())
     st = gguf.stat()
     parts = [f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in libs]
-    parts += [cpu_model(), cpu_detail() or "", f"{gguf.resolve()}:{st.st_size}"]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    return kept_measurements.key(parts + [cpu_model(), cpu_detail() or "", f"{gguf.resolve()}:{st.st_size}"])
 
 
 def probe(gguf: Path, code: str = PROBE, timeout: float = 300.0) -> tuple[bool, str]:
@@ -105,8 +104,8 @@ def extra_buffers_safe(gguf: Path) -> bool:
 
 def remembered_probe(gguf: Path, cache: Path, code: str = PROBE) -> bool:
     """``probe`` once per build, CPU and model; the answer is kept in the JSON file ``cache``."""
-    key = _build_key(gguf)
-    entry = read_entries(cache).get(key)
+    entry_key = _build_key(gguf)
+    entry = read_entries(cache).get(entry_key)
     if isinstance(entry, dict) and isinstance(entry.get("safe"), bool):
         return entry["safe"]
     safe, what = probe(gguf, code)
@@ -117,5 +116,5 @@ def remembered_probe(gguf: Path, cache: Path, code: str = PROBE) -> bool:
             gguf.name,
             what,
         )
-    keep_entry(cache, key, {"safe": safe, "model": gguf.name, "probe": what})
+    keep_entry(cache, entry_key, {"safe": safe, "model": gguf.name, "probe": what})
     return safe
