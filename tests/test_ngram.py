@@ -97,3 +97,22 @@ def test_output_self_matches_have_their_own_controllers():
     assert d._last_ctl is out_ctl and d.by_bucket[4] is not out_ctl
     # the calibrated prior trusts a copy of the prompt far more than a repetition of the output
     assert d.by_bucket[16].survival_curve()[7] > d.output_buckets[16].survival_curve()[7] + 0.3
+
+
+def test_the_product_drafter_copies_whole_with_learned_survival():
+    """`--drafter ngram` (``make_drafter``) is the survival-mode drafter with its calibrated copy
+    priors, up to 32 tokens unless ``--max-draft`` says otherwise; on a curve where a 32-token
+    pass costs little more than a 16-token one, a long verbatim match drafts the whole copy."""
+    from speclive.loader import make_drafter
+
+    d = make_drafter("ngram", None)  # type: ignore[arg-type]
+    assert isinstance(d, NgramDrafter)
+    assert d.adaptive.cfg.survival and d.adaptive.cfg.max_len == 32
+    assert all(c.cfg.survival and c.cfg.prior_survival is not None for c in d.by_bucket.values())
+    assert make_drafter("ngram", None, max_len=8).by_bucket[16].cfg.max_len == 8  # type: ignore[arg-type, union-attr]
+    # t(k)/t(1) of a wide-vector CPU: a 33-token pass costs 1.4x a 17-token one
+    curve = CostModel({1: 1.0, 2: 1.22, 4: 1.75, 8: 2.58, 16: 2.74, 20: 3.72, 32: 3.87, 64: 7.7})
+    passage = list(range(100, 160))
+    ctx = [*passage, 7, 8, *passage[:20]]
+    d.start(_Target(cost=curve), ctx)
+    assert len(d.propose(ctx, 63)) >= 28

@@ -15,11 +15,11 @@ from speclive.backends.base import Backend
 from speclive.backends.hf_load import load_hf
 from speclive.backends.llamacpp import LlamaCppBackend
 from speclive.drafting.asyncdraft import AsyncHybridDrafter
-from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
+from speclive.drafting.base import Drafter
 from speclive.drafting.crossvocab import CrossVocabDrafter
 from speclive.drafting.hybrid import HybridConfig, HybridDrafter
 from speclive.drafting.model import ModelDrafter
-from speclive.drafting.ngram import NgramDrafter
+from speclive.drafting.ngram import NGRAM_MAX_DRAFT, NgramDrafter
 from speclive.drafting.priors import cost_curve
 from speclive.drafting.suffix import SuffixConfig, SuffixDrafter, load_datastore
 from speclive.errors import ConfigError
@@ -168,7 +168,7 @@ def make_drafter(
             name, target, draft_model, backend, max_len, threshold, datastore, datastore_max_mb
         )
     if name == "ngram":
-        return NgramDrafter(adaptive=AdaptiveLength(AdaptiveConfig(max_len=max_len or 16)))
+        return NgramDrafter(max_len=max_len or NGRAM_MAX_DRAFT)
     backend = backend or target.kind
     if name == "model":
         draft_name = draft_model or DEFAULT_DRAFT.get(target.name)

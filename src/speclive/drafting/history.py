@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter, DraftTarget, StepFeedback
-from speclive.drafting.ngram import NgramDrafter
+from speclive.drafting.ngram import COPY_ADAPTIVE, NgramDrafter
 from speclive.drafting.tree import DraftTree
 
 #: never a real token id: keeps matches from running across the history/context boundary
@@ -50,7 +50,7 @@ class HistoryDrafter(Drafter):
         self.history: list[int] = []
         self.forced = self.first_chunk = 0
         self.max_history = max_history
-        self.recycler = NgramDrafter() if recycle else None
+        self.recycler = NgramDrafter(max_len=COPY_ADAPTIVE.max_len) if recycle else None
         self._start = 0
         self._last = ""  # source of the last proposal: "history", "recycled" or ""
 

@@ -49,6 +49,12 @@ BUCKET_PRIOR = {2: 0.45, 4: 0.6, 8: 0.8, 16: 0.9}
 #: roughly 10 drafts; shared by this drafter and the suffix drafter's copied chain
 COPY_ADAPTIVE = AdaptiveConfig(max_len=16, survival=True, survival_decay=0.1)
 
+#: the n-gram drafter's longest draft by default. A whole copy in one pass pays where a pass over
+#: 32 tokens costs little more than one over 16 (a CPU with wide vector units, a GPU); the
+#: controllers choose the length from the target's cost curve, so where it does not they stay
+#: short
+NGRAM_MAX_DRAFT = 32
+
 
 def bucket_controllers(
     base: AdaptiveConfig, buckets: Sequence[int], source: str = "prompt"
@@ -95,6 +101,7 @@ class NgramDrafter(Drafter):
         max_candidates: int = 64,
         buckets: Sequence[int] = (2, 4, 8, 16),
         adaptive: AdaptiveLength | None = None,
+        max_len: int = NGRAM_MAX_DRAFT,
     ):
         if min_n < 1 or max_match < min_n:
             raise ConfigError(f"ngram drafter needs 1 <= min_n <= max_match, got {min_n}, {max_match}")
@@ -102,7 +109,7 @@ class NgramDrafter(Drafter):
             raise ConfigError(f"buckets must be increasing match lengths >= min_n, got {list(buckets)}")
         # the controller handed in records every draft; its config is the base of the
         # bucket controllers, which choose the lengths
-        super().__init__(adaptive or AdaptiveLength(replace(COPY_ADAPTIVE)))
+        super().__init__(adaptive or AdaptiveLength(replace(COPY_ADAPTIVE, max_len=max_len)))
         base = self.adaptive.cfg
         self.min_n, self.max_match, self.max_candidates = min_n, max_match, max_candidates
         self.buckets = tuple(int(b) for b in buckets)
