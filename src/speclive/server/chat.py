@@ -44,6 +44,13 @@ from speclive.server.worker import Batched
 #: other requests' verification passes (half of ``n_batch``: room is left for theirs)
 PREFILL_CHUNK = 256
 
+#: prompt tokens that all prefilling requests together put into one round while other requests
+#: are generating (a token budget per step, as vLLM's scheduler keeps one): every generating
+#: request waits for the whole round, and on a 2-core CPU a round that carries a 256-token
+#: chunk takes about five times one of eight one-token passes. The prompts are prefilled over
+#: more, shorter rounds instead; a request alone prefills ``PREFILL_CHUNK`` tokens per round
+BUSY_PROMPT_BUDGET = 64
+
 #: decoder finish reasons -> OpenAI's
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 
@@ -110,6 +117,10 @@ class ChatEngine:
         self.prompt_cache: PromptCache | None = None
         #: the last shared pass's tokens per request: drafts are priced at what they add to it
         self.round_load = RoundLoad()
+        #: verification passes (requests generating) in the last shared pass
+        self._generating = 0
+        #: prompt tokens claimed for the round being put together (``BUSY_PROMPT_BUDGET``)
+        self._round_prompt = 0
         if backend.in_process:
             # realtime sessions hold KV states too: a state evicted to make room for another
             # session is prefilled again when its owner next needs it, instead of failing it
@@ -128,27 +139,49 @@ class ChatEngine:
             self.prompt_cache.clear()
             self.backend.offload_parked = self._offload_was
 
-    def verify_together(self, passes: list[tuple[Any, list[int], list[int] | None, int]]) -> list[Any]:
+    def verify_together(self, passes: list[tuple[Any, list[int], list[int] | None, int, bool]]) -> list[Any]:
         """The verification passes of the completions in progress, ``(state, tokens, parents,
-        skip)`` (``skip``: the rows of a prompt tail in front of the first draft), and the
-        prompt chunks, ``(state, tokens, None, len(tokens) - 1)`` (only the cache is wanted:
-        the last row alone), as one ``extend_many``."""
+        skip, False)`` (``skip``: the rows of a prompt tail in front of the first draft), and
+        the prompt chunks, ``(state, tokens, None, len(tokens) - 1, True)`` (only the cache is
+        wanted: the last row alone), as one ``extend_many``."""
         if self.on_batch is not None:
             self.on_batch(len(passes))
         self.round_load.record([(p[0], len(p[1])) for p in passes])
+        self._generating = sum(not p[4] for p in passes)
+        self._round_prompt = 0  # the next round's chunks are claimed as its results come back
         return self.backend.extend_many([p[:3] for p in passes], [p[3] for p in passes])
 
+    @staticmethod
+    def _sit_out(payloads: list[None]) -> list[None]:
+        """A prefilling request's turn in a round whose prompt budget is spent: nothing runs."""
+        return [None] * len(payloads)
+
+    def prompt_room(self) -> int:
+        """Prompt tokens a prefilling request may put into the round being put together:
+        ``PREFILL_CHUNK`` while no other request is generating, else what is left of
+        ``BUSY_PROMPT_BUDGET``."""
+        if not self._generating:
+            return PREFILL_CHUNK
+        return max(0, min(PREFILL_CHUNK, BUSY_PROMPT_BUDGET - self._round_prompt))
+
     def prefill_rounds(self, state: BackendState, ids: list[int], fuse: int) -> Generator[Batched, Any, None]:
-        """Bring ``state``'s cache up to ``ids[:-1]`` but its last ``fuse`` tokens (those ride
-        in the first verification pass), ``PREFILL_CHUNK`` tokens per worker round, each chunk
-        decoded together with the other requests' passes: a long prompt does not hold the
-        other completions for its whole prefill, and their tokens ride on its chunks."""
+        """Bring ``state``'s cache up to ``ids[:-1]`` but its last tokens (at most ``fuse``;
+        they ride in the first verification pass), a chunk per worker round, each decoded
+        together with the other requests' passes: a long prompt does not hold the other
+        completions for its whole prefill, and their tokens ride on its chunks. While others
+        are generating, the chunks of a round share ``BUSY_PROMPT_BUDGET`` (``prompt_room``):
+        a request whose round has no room left sits it out."""
         pre = ids[:-1]
         self.backend.truncate(state, common_prefix_len(state.tokens, pre))
-        while len(pre) - len(state.tokens) > fuse:
+        while len(pre) - len(state.tokens) > (min(fuse, BUSY_PROMPT_BUDGET) if self._generating else fuse):
+            room = self.prompt_room()
+            if room <= 0:
+                yield Batched(self._sit_out, None)
+                continue
             at = len(state.tokens)
-            chunk = pre[at : at + PREFILL_CHUNK]
-            yield Batched(self.verify_together, (state, chunk, None, len(chunk) - 1))
+            chunk = pre[at : at + room]
+            self._round_prompt += len(chunk)
+            yield Batched(self.verify_together, (state, chunk, None, len(chunk) - 1, True))
 
     @classmethod
     def load(cls, config: ServerConfig) -> ChatEngine:
@@ -240,7 +273,7 @@ class ChatEngine:
                     break
                 if isinstance(item, VerifyPass):
                     # the worker runs this pass together with the other requests' (one decode)
-                    pass_ = (item.state, item.tokens, item.parents, item.skip)
+                    pass_ = (item.state, item.tokens, item.parents, item.skip, False)
                     reply = yield Batched(self.verify_together, pass_)
                 else:
                     reply = None
