@@ -11,7 +11,7 @@ from context_lm import ContextLM
 from speclive.backends import cost_calibration as cc
 
 #: the fake machine: a pass over k tokens costs this many steps
-TRUE = {1: 1.0, 2: 1.3, 4: 1.8, 8: 2.9, 16: 4.6, 32: 7.7}
+TRUE = {1: 1.0, 2: 1.3, 4: 1.8, 8: 2.9, 16: 4.6, 17: 6.1, 32: 7.7, 33: 8.9, 64: 14.2}
 
 
 class Clock:
@@ -73,6 +73,19 @@ def test_calibrate_keeps_the_curve_and_a_later_load_reads_it_back(clock: Clock, 
     other = TimedLM(clock)
     cc.calibrate(other, model, {**settings, "threads": 1}, cache)
     assert other.passes == len(cc.KS) * cc.REPEATS and len(json.loads(cache.read_text())) == 2
+
+
+def test_a_curve_kept_by_another_protocol_is_measured_again(
+    clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timed behind another prefix or at other lengths, a kept curve is another measurement."""
+    model, cache = tmp_path / "m.gguf", tmp_path / "c.json"
+    model.write_bytes(b"GGUF")
+    cc.calibrate(TimedLM(clock), model, {}, cache)
+    monkeypatch.setattr(cc, "PREFIX", cc.PREFIX // 4)
+    again = TimedLM(clock)
+    cc.calibrate(again, model, {}, cache)
+    assert again.passes == len(cc.KS) * cc.REPEATS and len(json.loads(cache.read_text())) == 2
 
 
 def test_a_measurement_replaces_the_calibrated_prior_where_it_exists(clock: Clock, tmp_path: Path) -> None:

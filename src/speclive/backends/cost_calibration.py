@@ -8,13 +8,13 @@ t(8)/t(1) ≈ 6.0 on the 2-core AVX2 host and ≈ 2.9 on the 2-core AVX-512 one.
 on the flatter host then thinks long drafts cost twice what they do and drafts short, and it
 never runs the long lengths that would correct it.
 
-``calibrate`` times chains of ``KS`` tokens on a scratch state behind a short prefix (the
+``calibrate`` times chains of ``KS`` tokens on a scratch state behind a prompt-sized prefix (the
 fastest of ``REPEATS`` passes each, so a load spike is not kept) and keeps the ratios in
 ``$SPECLIVE_HOME/cost-curves.json``, keyed by the model file, the backend's settings that change
 its kernels (threads, flash attention, repacked weights, batch size) and the CPU. The curve
 becomes the backend's prior: online measurements still replace it where they exist. A later
 process on the same machine reads it back for nothing; the first one pays a few seconds
-(about 4 s for the 1.5B model on two cores). ``SPECLIVE_COST_CALIBRATION=0`` turns it off.
+(about 10 s for the 1.5B model on two cores). ``SPECLIVE_COST_CALIBRATION=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -33,12 +33,17 @@ from speclive.sysinfo import cpu_detail, cpu_model
 
 log = logging.getLogger(__name__)
 
-#: the pass lengths timed (drafters interpolate between them)
-KS = (1, 2, 4, 8, 16, 32)
+#: the pass lengths timed (drafters interpolate between them). llama.cpp's CPU kernels step up
+#: past multiples of 16 rows (on the AVX-512 host a pass of 17 tokens costs 4.2 single steps
+#: against 3.0 for 16), so both sides of the steps are timed: interpolating 16 to 32 would
+#: price 17 to 20 tokens a third too low
+KS = (1, 2, 4, 8, 16, 17, 32, 33, 64)
 #: passes per length; the fastest counts
 REPEATS = 2
-#: tokens in the cache before the timed passes (a verification pass follows a prompt)
-PREFIX = 64
+#: tokens in the cache before the timed passes: a verification pass follows a prompt, and long
+#: passes cost more behind a longer one (t(32)/t(1) 3.9 behind 64 tokens, 4.8 behind 400 on the
+#: AVX-512 host)
+PREFIX = 256
 ENV = "SPECLIVE_COST_CALIBRATION"
 
 
@@ -77,6 +82,7 @@ def measure(backend: Backend, ks: tuple[int, ...] = KS, repeats: int = REPEATS) 
 def _key(model: Path, settings: dict[str, Any]) -> str:
     st = model.stat()
     parts = [f"{model.resolve()}:{st.st_size}:{st.st_mtime_ns}", cpu_model(), cpu_detail() or ""]
+    parts.append(f"ks={KS} prefix={PREFIX} repeats={REPEATS}")  # a curve measured otherwise is not this one
     return kept_measurements.key(parts + [f"{k}={settings[k]}" for k in sorted(settings)])
 
 
