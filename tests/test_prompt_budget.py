@@ -17,13 +17,14 @@ from speclive.server.config import ServerConfig  # noqa: E402
 from speclive.server.worker import ModelWorker  # noqa: E402
 
 
-def _engine() -> tuple[ChatEngine, list[list[tuple[bool, int]]]]:
+def _engine() -> tuple[ChatEngine, list[list[tuple[bool, int, int]]]]:
     engine = ChatEngine(ContextLM(), ServerConfig(model="context-lm", drafter="none", max_tokens=64))
-    rounds: list[list[tuple[bool, int]]] = []  # per shared pass: (prompt chunk?, tokens) per pass
+    # per shared pass, per pass in it: (prompt chunk?, tokens, rows of a prompt tail in front)
+    rounds: list[list[tuple[bool, int, int]]] = []
     real = engine.verify_together
 
     def recording(passes):
-        rounds.append([(p[4], len(p[1])) for p in passes])
+        rounds.append([(p[4], len(p[1]), p[3]) for p in passes])
         return real(passes)
 
     engine.verify_together = recording  # type: ignore[method-assign]
@@ -71,13 +72,12 @@ def test_prompt_chunks_beside_generating_requests_share_the_budget():
     finally:
         worker.close()
     budget = chat_mod.BUSY_PROMPT_BUDGET
-    # after a round in which a request generated, the next round's prompt chunks fit the budget
-    busy = [r for before, r in zip(rounds, rounds[1:], strict=False) if any(not p for p, _ in before)]
-    prompt_tokens = [sum(n for p, n in r if p) for r in busy]
+    # a round with a verification pass past the first (no prompt tail: that request was already
+    # generating when the round was put together) fits its prompt chunks in the budget
+    busy = [r for r in rounds if any(not p and not skip for p, _, skip in r)]
+    prompt_tokens = [sum(n for p, n, _ in r if p) for r in busy]
     assert sum(t > 0 for t in prompt_tokens) >= 8, rounds  # the long prompts prefilled meanwhile
     assert max(prompt_tokens) <= budget, rounds
-    # the first round, before anyone generated, took full chunks
-    assert max(n for p, n in rounds[0] if p) == chat_mod.PREFILL_CHUNK
     # every prompt token went through, in order: the answers are still the greedy ones
     assert texts == [_greedy_text(engine, m, n) for m, n in ((short, 60), (long_a, 3), (long_b, 3))]
 
@@ -97,5 +97,11 @@ def _drive(engine: ChatEngine, messages, n: int) -> None:
 def test_alone_a_prompt_is_prefilled_in_full_chunks():
     engine, rounds = _engine()
     _drive(engine, _ask(700, "a"), 2)
-    chunks = [n for r in rounds for prompt, n in r if prompt]
+    chunks = [n for r in rounds for prompt, n, _ in r if prompt]
     assert chunks and max(chunks) == chat_mod.PREFILL_CHUNK
+    # so is the next one, after that one ended: nobody is generating any more
+    rounds.clear()
+    _drive(engine, _ask(600, "b"), 2)
+    assert max(n for r in rounds for prompt, n, _ in r if prompt) == chat_mod.PREFILL_CHUNK
+    # and its prompt's last piece rode in its first verification pass, a full chunk's worth
+    assert max(skip for r in rounds for prompt, _, skip in r if not prompt) > chat_mod.BUSY_PROMPT_BUDGET

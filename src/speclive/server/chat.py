@@ -117,7 +117,7 @@ class ChatEngine:
         self.prompt_cache: PromptCache | None = None
         #: the last shared pass's tokens per request: drafts are priced at what they add to it
         self.round_load = RoundLoad()
-        #: verification passes (requests generating) in the last shared pass
+        #: requests past their prefill and not yet ended (generating)
         self._generating = 0
         #: prompt tokens claimed for the round being put together (``BUSY_PROMPT_BUDGET``)
         self._round_prompt = 0
@@ -147,7 +147,6 @@ class ChatEngine:
         if self.on_batch is not None:
             self.on_batch(len(passes))
         self.round_load.record([(p[0], len(p[1])) for p in passes])
-        self._generating = sum(not p[4] for p in passes)
         self._round_prompt = 0  # the next round's chunks are claimed as its results come back
         return self.backend.extend_many([p[:3] for p in passes], [p[3] for p in passes])
 
@@ -158,7 +157,7 @@ class ChatEngine:
 
     def prompt_room(self) -> int:
         """Prompt tokens a prefilling request may put into the round being put together:
-        ``PREFILL_CHUNK`` while no other request is generating, else what is left of
+        ``PREFILL_CHUNK`` while no request is generating, else what is left of
         ``BUSY_PROMPT_BUDGET``."""
         if not self._generating:
             return PREFILL_CHUNK
@@ -260,9 +259,12 @@ class ChatEngine:
         dec = make_decoder(self.backend, drafter, knowledge=knowledge, state=state, plan_cost=plan_cost)
         failed = False
         steps = None
+        generating = False
         try:
             if state is not None:
                 yield from self.prefill_rounds(state, ids, cfg.fuse_prefill)
+            generating = True
+            self._generating += 1
             steps = dec.stepwise(ids, cfg)
             reply = None
             while True:
@@ -283,6 +285,8 @@ class ChatEngine:
             failed = True  # a failed generation's cache is not kept
             raise
         finally:
+            if generating:
+                self._generating -= 1
             if steps is not None:
                 steps.close()  # the drafter's end() before the state goes
             keep = cache is not None and state is not None and not failed
