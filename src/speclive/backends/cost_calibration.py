@@ -34,15 +34,13 @@ from speclive.sysinfo import cpu_detail, cpu_model
 log = logging.getLogger(__name__)
 
 #: the pass lengths timed (drafters interpolate between them). llama.cpp's CPU kernels step up
-#: past multiples of 16 rows (on the AVX-512 host a pass of 17 tokens costs 4.2 single steps
-#: against 3.0 for 16), so both sides of the steps are timed: interpolating 16 to 32 would
-#: price 17 to 20 tokens a third too low
+#: just past multiples of 16 rows (docs/engine.md, cost curves), so both sides of the steps are
+#: timed: interpolating from 16 to 32 would price 17 to 20 tokens far too low
 KS = (1, 2, 4, 8, 16, 17, 32, 33, 64)
 #: passes per length; the fastest counts
 REPEATS = 2
 #: tokens in the cache before the timed passes: a verification pass follows a prompt, and long
-#: passes cost more behind a longer one (t(32)/t(1) 3.9 behind 64 tokens, 4.8 behind 400 on the
-#: AVX-512 host)
+#: passes cost more behind a longer one
 PREFIX = 256
 ENV = "SPECLIVE_COST_CALIBRATION"
 

@@ -50,9 +50,8 @@ BUCKET_PRIOR = {2: 0.45, 4: 0.6, 8: 0.8, 16: 0.9}
 COPY_ADAPTIVE = AdaptiveConfig(max_len=16, survival=True, survival_decay=0.1)
 
 #: the n-gram drafter's longest draft by default. A whole copy in one pass pays where long passes
-#: cost little more per token than short ones (on the AVX-512 host, behind a 400-token prompt, a
-#: pass of 64 tokens costs 7.6 single steps against 4.8 for 32); the controllers choose the
-#: length from the target's cost curve, so where long passes are dear they stay short
+#: cost less per token than short ones (a CPU with wide vector units, a GPU); the controllers
+#: choose the length from the target's cost curve, so where long passes are dear they stay short
 NGRAM_MAX_DRAFT = 64
 
 
