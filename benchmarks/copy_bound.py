@@ -27,6 +27,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from speclive.loader import tokenizer_for
 from speclive.models.resolve import resolve
@@ -168,6 +169,17 @@ def markdown(res: dict) -> str:
         f"{m['alpha']:.2f}, {m['speedup_at_alpha']:.2f}× (k = {m['k_at_alpha']})."
     )
     return "\n".join(lines)
+
+
+def serve_inputs(result: Path, curve_result: Path, out: Path | None) -> tuple[dict, list[dict], Any]:
+    """What the scripts over a ``bench serve`` result read: that result, the llama.cpp cost
+    curve rows of a ``bench decode`` result and the target's tokenizer (after refusing to write
+    into ``out`` from a dirty tree)."""
+    if out is not None:
+        report.refuse_dirty_results(out)
+    source = json.loads(result.read_text())
+    rows = json.loads(curve_result.read_text())["cost_curves"]["llamacpp"]["rows"]
+    return source, rows, tokenizer_for(resolve(source["header"]["target"]))
 
 
 def stamp(res: dict, script: str, argv: list[str] | None, path: Path, source: dict) -> None:

@@ -29,18 +29,16 @@ Writes ``replay-serve-<result>-<set>.{json,md}`` with ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from copy_bound import copy_oracle_cost, copy_runs, curve, stamp
+from copy_bound import copy_oracle_cost, copy_runs, curve, serve_inputs, stamp
 from replay_drafters import CurveTarget, replay
 
 from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter
 from speclive.drafting.ngram import NgramDrafter
-from speclive.loader import make_drafter, tokenizer_for
-from speclive.models.resolve import resolve
+from speclive.loader import make_drafter
 from speclive_bench import report
 
 DRAFTERS: dict[str, Callable[[], Drafter]] = {
@@ -106,11 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--curve", type=Path, required=True, help="a bench decode result with the cost curve")
     ap.add_argument("--out", type=Path, default=None, help="write replay-serve-<result>-<set>.{json,md} here")
     args = ap.parse_args(argv)
-    if args.out is not None:
-        report.refuse_dirty_results(args.out)
-    source = json.loads(args.result.read_text())
-    rows = json.loads(args.curve.read_text())["cost_curves"]["llamacpp"]["rows"]
-    tok = tokenizer_for(resolve(source["header"]["target"]))
+    source, rows, tok = serve_inputs(args.result, args.curve, args.out)
     pairs = answers(source, args.set, tok)
     res: dict = {"replay": replay_all(pairs, rows, tok)}
     stamp(res, "replay_serve_drafters.py", argv, args.result, source)

@@ -28,15 +28,12 @@ Writes ``serve-copy-bound-<result>.{json,md}`` with ``--out``; no model runs.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from copy_bound import copy_oracle_cost, copy_runs, curve, stamp
+from copy_bound import copy_oracle_cost, copy_runs, curve, serve_inputs, stamp
 
-from speclive.loader import tokenizer_for
-from speclive.models.resolve import resolve
 from speclive_bench import report
 from speclive_bench.stats import paired_ratio
 
@@ -121,11 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=float, default=1.3, help="the ratio the target asks for")
     ap.add_argument("--out", type=Path, default=None, help="write serve-copy-bound-<result>.{json,md} here")
     args = ap.parse_args(argv)
-    if args.out is not None:
-        report.refuse_dirty_results(args.out)
-    source = json.loads(args.result.read_text())
-    rows = json.loads(args.curve.read_text())["cost_curves"]["llamacpp"]["rows"]
-    tok = tokenizer_for(resolve(source["header"]["target"]))
+    source, rows, tok = serve_inputs(args.result, args.curve, args.out)
     res = bound(source, rows, args.set, args.peer, args.reference, tok)
     stamp(res, "serve_copy_bound.py", argv, args.result, source)
     res["header"] |= {
