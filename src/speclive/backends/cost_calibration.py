@@ -34,7 +34,7 @@ from speclive.sysinfo import cpu_detail, cpu_model
 log = logging.getLogger(__name__)
 
 #: the pass lengths timed (drafters interpolate between them). llama.cpp's CPU kernels step up
-#: just past multiples of 16 rows (docs/engine.md, cost curves), so both sides of the steps are
+#: just past multiples of 16 rows (docs/engine.md, learned survival), so both sides of the steps are
 #: timed: interpolating from 16 to 32 would price 17 to 20 tokens far too low
 KS = (1, 2, 4, 8, 16, 17, 32, 33, 64)
 #: passes per length; the fastest counts

@@ -47,7 +47,7 @@ PREFILL_CHUNK = 256
 #: prompt tokens that all prefilling requests together put into one round while other requests
 #: are generating (a token budget per step, as vLLM's scheduler keeps one): every generating
 #: request waits for the whole round, and on a 2-core CPU a round that carries a 256-token
-#: chunk takes about five times one of eight one-token passes. The prompts are prefilled over
+#: chunk takes several times one of eight one-token passes. The prompts are prefilled over
 #: more, shorter rounds instead; a request alone prefills ``PREFILL_CHUNK`` tokens per round
 BUSY_PROMPT_BUDGET = 64
 
