@@ -14,7 +14,7 @@ fastest of ``REPEATS`` passes each, so a load spike is not kept) and keeps the r
 its kernels (threads, flash attention, repacked weights, batch size) and the CPU. The curve
 becomes the backend's prior: online measurements still replace it where they exist. A later
 process on the same machine reads it back for nothing; the first one pays a few seconds
-(about 10 s for the 1.5B model on two cores). ``SPECLIVE_COST_CALIBRATION=0`` turns it off.
+(about 11 s for the 1.5B model on two cores). ``SPECLIVE_COST_CALIBRATION=0`` turns it off.
 """
 
 from __future__ import annotations
