@@ -21,13 +21,20 @@ def _engine() -> tuple[ChatEngine, list[list[tuple[bool, int, int]]]]:
     engine = ChatEngine(ContextLM(), ServerConfig(model="context-lm", drafter="none", max_tokens=64))
     # per shared pass, per pass in it: (prompt chunk?, tokens, rows of a prompt tail in front)
     rounds: list[list[tuple[bool, int, int]]] = []
-    real = engine.verify_together
+    chunks: dict[int, tuple] = {}  # the payloads prefill_rounds handed out (kept: ids stay theirs)
+    real, real_prefill = engine.verify_together, engine.prefill_rounds
 
     def recording(passes):
-        rounds.append([(p[4], len(p[1]), p[3]) for p in passes])
+        rounds.append([(id(p) in chunks, len(p[1]), p[3]) for p in passes])
         return real(passes)
 
+    def prefill(*args):
+        for b in real_prefill(*args):
+            chunks[id(b.payload)] = b.payload
+            yield b
+
     engine.verify_together = recording  # type: ignore[method-assign]
+    engine.prefill_rounds = prefill  # type: ignore[method-assign]
     return engine, rounds
 
 

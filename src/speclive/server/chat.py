@@ -139,11 +139,11 @@ class ChatEngine:
             self.prompt_cache.clear()
             self.backend.offload_parked = self._offload_was
 
-    def verify_together(self, passes: list[tuple[Any, list[int], list[int] | None, int, bool]]) -> list[Any]:
+    def verify_together(self, passes: list[tuple[Any, list[int], list[int] | None, int]]) -> list[Any]:
         """The verification passes of the completions in progress, ``(state, tokens, parents,
-        skip, False)`` (``skip``: the rows of a prompt tail in front of the first draft), and
-        the prompt chunks, ``(state, tokens, None, len(tokens) - 1, True)`` (only the cache is
-        wanted: the last row alone), as one ``extend_many``."""
+        skip)`` (``skip``: the rows of a prompt tail in front of the first draft), and the
+        prompt chunks, ``(state, tokens, None, len(tokens) - 1)`` (only the cache is wanted:
+        the last row alone), as one ``extend_many``."""
         if self.on_batch is not None:
             self.on_batch(len(passes))
         self.round_load.record([(p[0], len(p[1])) for p in passes])
@@ -180,7 +180,7 @@ class ChatEngine:
             at = len(state.tokens)
             chunk = pre[at : at + room]
             self._round_prompt += len(chunk)
-            yield Batched(self.verify_together, (state, chunk, None, len(chunk) - 1, True))
+            yield Batched(self.verify_together, (state, chunk, None, len(chunk) - 1))
 
     @classmethod
     def load(cls, config: ServerConfig) -> ChatEngine:
@@ -275,7 +275,7 @@ class ChatEngine:
                     break
                 if isinstance(item, VerifyPass):
                     # the worker runs this pass together with the other requests' (one decode)
-                    pass_ = (item.state, item.tokens, item.parents, item.skip, False)
+                    pass_ = (item.state, item.tokens, item.parents, item.skip)
                     reply = yield Batched(self.verify_together, pass_)
                 else:
                     reply = None
