@@ -1,7 +1,5 @@
 """While other requests are generating, the prompt chunks of a worker round share a small token
-budget (``speclive.server.chat.BUSY_PROMPT_BUDGET``); a request alone prefills in full chunks.
-Likewise the drafts of a round share ``BUSY_DRAFT_BUDGET`` while more than one request is in
-progress, and a request alone drafts as long as its drafter wants."""
+budget (``speclive.server.chat.BUSY_PROMPT_BUDGET``); a request alone prefills in full chunks."""
 
 from __future__ import annotations
 
@@ -13,16 +11,14 @@ from context_lm import ContextLM, reference_greedy
 
 pytest.importorskip("fastapi")
 
-from speclive.drafting.base import AdaptiveConfig, AdaptiveLength, Drafter  # noqa: E402
-from speclive.drafting.tree import DraftTree  # noqa: E402
 from speclive.server import chat as chat_mod  # noqa: E402
 from speclive.server.chat import ChatDelta, ChatEngine, ChatParams  # noqa: E402
 from speclive.server.config import ServerConfig  # noqa: E402
 from speclive.server.worker import ModelWorker  # noqa: E402
 
 
-def _engine(max_tokens: int = 64) -> tuple[ChatEngine, list[list[tuple[bool, int, int]]]]:
-    engine = ChatEngine(ContextLM(), ServerConfig(model="context-lm", drafter="none", max_tokens=max_tokens))
+def _engine() -> tuple[ChatEngine, list[list[tuple[bool, int, int]]]]:
+    engine = ChatEngine(ContextLM(), ServerConfig(model="context-lm", drafter="none", max_tokens=64))
     # per shared pass, per pass in it: (prompt chunk?, tokens, rows of a prompt tail in front)
     rounds: list[list[tuple[bool, int, int]]] = []
     chunks: dict[int, tuple] = {}  # the payloads prefill_rounds handed out (kept: ids stay theirs)
@@ -116,57 +112,3 @@ def test_alone_a_prompt_is_prefilled_in_full_chunks():
     assert max(n for r in rounds for prompt, n, _ in r if prompt) == chat_mod.PREFILL_CHUNK
     # and its prompt's last piece rode in its first verification pass, a full chunk's worth
     assert max(skip for r in rounds for prompt, _, skip in r if not prompt) > chat_mod.BUSY_PROMPT_BUDGET
-
-
-class _Oracle(Drafter):
-    """Drafts the target's own next tokens, as many as the decoder lets it."""
-
-    name = "oracle"
-
-    def __init__(self) -> None:
-        super().__init__(AdaptiveLength(AdaptiveConfig(fixed=True, max_len=64)))
-
-    def propose(self, context, budget: int) -> DraftTree:
-        return DraftTree.chain(reference_greedy(list(context), budget, eos=False), source=self.name)
-
-
-def _drafting_engine() -> tuple[ChatEngine, list[list[tuple[bool, int, int]]]]:
-    engine, rounds = _engine(max_tokens=256)
-    engine.new_drafter = _Oracle  # type: ignore[method-assign]
-    return engine, rounds
-
-
-def test_drafts_of_a_shared_round_share_the_budget():
-    engine, rounds = _drafting_engine()
-    worker = ModelWorker("drafts")
-    gate = threading.Event()
-    # "translations" of 250 words: each answer copies 200 of them
-    asks = [(_ask(250, s), 200) for s in "xyz"]
-
-    async def main():
-        worker.submit(gate.wait)  # all three are queued before the first round
-        streams = [
-            worker.stream(lambda m=m, n=n: engine.generate(m, ChatParams(max_tokens=n))) for m, n in asks
-        ]
-        gate.set()
-        return await asyncio.gather(*(_text(s) for s in streams))
-
-    try:
-        texts = asyncio.run(main())
-    finally:
-        worker.close()
-    budget = chat_mod.BUSY_DRAFT_BUDGET
-    # drafted tokens per round: the rows of each verification pass past its prompt tail and
-    # its root. The first round is left out: its first request drafted before the others had
-    # started, as the only request in progress
-    drafted = [sum(n - 1 - skip for p, n, skip in r if not p) for r in rounds[1:] if len(r) > 1]
-    assert sum(d > 0 for d in drafted) >= 3 and max(drafted) <= budget, rounds
-    assert max(drafted) == budget, rounds  # the oracle wants more: the budget is what it gets
-    # a draft cut short is still the target's own continuation: the answers are the greedy ones
-    assert texts == [_greedy_text(engine, m, n) for m, n in asks]
-
-
-def test_alone_a_request_drafts_past_the_shared_budget():
-    engine, rounds = _drafting_engine()
-    _drive(engine, _ask(250, "x"), 200)
-    assert max(n - 1 - skip for r in rounds for _, n, skip in r) > chat_mod.BUSY_DRAFT_BUDGET

@@ -236,8 +236,6 @@ class VerifyPass:
     tokens: list[int]
     parents: list[int]
     skip: int = 0
-    #: drafted tokens among ``tokens`` (the rest: the root and a prompt tail)
-    drafted: int = 0
 
 
 class Generation:
@@ -301,8 +299,6 @@ class Generation:
             self._finish()
             return None
         budget = max(0, min(cfg.max_draft_nodes, remaining - 1, room))
-        if budget and self.dec.draft_room is not None:
-            budget = min(budget, max(0, self.dec.draft_room()))
         t0 = time.perf_counter()
         tree = DraftTree()
         if self.drafter is not None and budget > 0:
@@ -314,10 +310,10 @@ class Generation:
         skip = t if self._probe_at is None else self._probe_at
         self._step = (tree, tokens, parents, t0, t1, t, skip, len(state.tokens))
         if not t:
-            return VerifyPass(state, tokens, parents, drafted=len(tree))
+            return VerifyPass(state, tokens, parents)
         # the prompt tail as a chain in front of the root, in the same pass
         ext_parents = [i - 1 for i in range(t)] + [p + t if p >= 0 else t - 1 for p in parents]
-        return VerifyPass(state, self.tail + tokens, ext_parents, skip, len(tree))
+        return VerifyPass(state, self.tail + tokens, ext_parents, skip)
 
     def commit(self, logits: np.ndarray) -> StepEvent:
         """Accept from the logits of the pass ``next_pass`` returned; commit; one ``StepEvent``."""
@@ -387,7 +383,6 @@ class SpeculativeDecoder:
         knowledge: KnowledgeStore | None = None,
         state: BackendState | None = None,
         plan_cost: Callable[[CostCurve], CostCurve] | None = None,
-        draft_room: Callable[[], int] | None = None,
     ):
         self.target = target
         self.drafter = drafter
@@ -396,9 +391,6 @@ class SpeculativeDecoder:
         #: (None: that one; a server whose passes share a decode prices a draft at what it adds
         #: to the shared pass, ``speclive.server.shared_pass_cost``)
         self.plan_cost = plan_cost
-        #: drafted tokens the next pass may carry at most, asked before each draft (None: as
-        #: many as the drafter wants; a server caps the drafts of a shared pass with it)
-        self.draft_room = draft_room
         #: saved controller state: loaded before the first generation, saved after each one
         self.knowledge = knowledge if drafter is not None else None
         self._knowledge_loaded = False
@@ -592,15 +584,14 @@ def make_decoder(
     knowledge: KnowledgeStore | None = None,
     state: BackendState | None = None,
     plan_cost: Callable[[CostCurve], CostCurve] | None = None,
-    draft_room: Callable[[], int] | None = None,
 ) -> Decoder:
     """The decode loop for ``target``: ``SpeculativeDecoder`` for an in-process backend (on
-    ``state`` when given, e.g. a parked cache to reuse; ``plan_cost`` and ``draft_room``: see
-    there); a remote engine (``in_process`` False: ``speclive.engines.vllm.VLLMEngine``) brings
-    its own loop from its ``make_decoder``, with the same interface (``Decoder``), and keeps its
-    cache itself (``state``, ``plan_cost`` and ``draft_room`` must be None)."""
+    ``state`` when given, e.g. a parked cache to reuse; ``plan_cost``: see there); a remote
+    engine (``in_process`` False: ``speclive.engines.vllm.VLLMEngine``) brings its own loop from
+    its ``make_decoder``, with the same interface (``Decoder``), and keeps its cache itself
+    (``state`` and ``plan_cost`` must be None)."""
     if target.in_process:
-        return SpeculativeDecoder(target, drafter, rule, knowledge, state, plan_cost, draft_room)
-    if state is not None or plan_cost is not None or draft_room is not None:
+        return SpeculativeDecoder(target, drafter, rule, knowledge, state, plan_cost)
+    if state is not None or plan_cost is not None:
         raise ValueError(f"{target.name} is a remote engine: it takes no KV state or cost curve")
     return target.make_decoder(drafter, rule, knowledge)

@@ -17,9 +17,6 @@ first token after ONE target pass, as a server that samples from the prefill's l
 A request's drafter prices a draft at what it adds to the pass it shares with the others
 (``speclive.server.shared_pass_cost``): beside seven one-token passes or a prompt chunk, a
 draft costs a fraction of a pass of its own, so it pays at acceptances where alone it would not.
-While other requests are in progress, the prompt chunks and the drafts of a round each share a
-small token budget (``BUSY_PROMPT_BUDGET``, ``BUSY_DRAFT_BUDGET``), so that no request's tokens
-wait behind rounds made long by the others' prompts and copies.
 Each request gets its own decoder, hence its own KV state and drafter, over the shared backend;
 the state is released in the iterator's ``finally`` when the generation ends, fails or is
 cancelled, so sessions never see each other's cache. Speculation is on by default (the
@@ -53,13 +50,6 @@ PREFILL_CHUNK = 256
 #: chunk takes several times one of eight one-token passes. The prompts are prefilled over
 #: more, shorter rounds instead; a request alone prefills ``PREFILL_CHUNK`` tokens per round
 BUSY_PROMPT_BUDGET = 64
-
-#: drafted tokens that all requests together put into one round while more than one request is
-#: in progress (``draft_room``): a round takes as long as its tokens cost, and every request
-#: waits for it, so a request whose drafter has nothing to copy (a chat answer) would otherwise
-#: wait behind the others' long copies on every one of its tokens. Each draft is priced at what
-#: it adds to the shared pass (``speclive.server.shared_pass_cost``); this bounds the sum
-BUSY_DRAFT_BUDGET = 32
 
 #: decoder finish reasons -> OpenAI's
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
@@ -131,10 +121,6 @@ class ChatEngine:
         self._generating = 0
         #: prompt tokens claimed for the round being put together (``BUSY_PROMPT_BUDGET``)
         self._round_prompt = 0
-        #: requests in progress (prefilling or generating)
-        self._active = 0
-        #: drafted tokens claimed for the round being put together (``BUSY_DRAFT_BUDGET``)
-        self._round_drafts = 0
         if backend.in_process:
             # realtime sessions hold KV states too: a state evicted to make room for another
             # session is prefilled again when its owner next needs it, instead of failing it
@@ -161,9 +147,7 @@ class ChatEngine:
         if self.on_batch is not None:
             self.on_batch(len(passes))
         self.round_load.record([(p[0], len(p[1])) for p in passes])
-        # the next round's chunks and drafts are claimed as this one's results come back
-        self._round_prompt = 0
-        self._round_drafts = 0
+        self._round_prompt = 0  # the next round's chunks are claimed as its results come back
         return self.backend.extend_many([p[:3] for p in passes], [p[3] for p in passes])
 
     @staticmethod
@@ -178,14 +162,6 @@ class ChatEngine:
         if not self._generating:
             return PREFILL_CHUNK
         return max(0, min(PREFILL_CHUNK, BUSY_PROMPT_BUDGET - self._round_prompt))
-
-    def draft_room(self) -> int:
-        """Drafted tokens a request may put into the round being put together: unbounded
-        (``n_ctx``) while it is the only request in progress, else what is left of
-        ``BUSY_DRAFT_BUDGET``."""
-        if self._active <= 1:
-            return self.n_ctx
-        return max(0, BUSY_DRAFT_BUDGET - self._round_drafts)
 
     def prefill_rounds(self, state: BackendState, ids: list[int], fuse: int) -> Generator[Batched, Any, None]:
         """Bring ``state``'s cache up to ``ids[:-1]`` but its last tokens (at most ``fuse``;
@@ -280,14 +256,10 @@ class ChatEngine:
             return SharedPassCost(curve, lambda: load.others(state))
 
         plan_cost = None if state is None else shared
-        room = None if state is None else self.draft_room
-        dec = make_decoder(
-            self.backend, drafter, knowledge=knowledge, state=state, plan_cost=plan_cost, draft_room=room
-        )
+        dec = make_decoder(self.backend, drafter, knowledge=knowledge, state=state, plan_cost=plan_cost)
         failed = False
         steps = None
         generating = False
-        self._active += 1
         try:
             if state is not None:
                 yield from self.prefill_rounds(state, ids, cfg.fuse_prefill)
@@ -304,7 +276,6 @@ class ChatEngine:
                 if isinstance(item, VerifyPass):
                     # the worker runs this pass together with the other requests' (one decode)
                     pass_ = (item.state, item.tokens, item.parents, item.skip)
-                    self._round_drafts += item.drafted
                     reply = yield Batched(self.verify_together, pass_)
                 else:
                     reply = None
@@ -314,7 +285,6 @@ class ChatEngine:
             failed = True  # a failed generation's cache is not kept
             raise
         finally:
-            self._active -= 1
             if generating:
                 self._generating -= 1
             if steps is not None:
